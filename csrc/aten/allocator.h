@@ -1,0 +1,9 @@
+//@ ch01
+#pragma once
+
+#include <c10/core/Allocator.h>
+
+namespace acme {
+// The allocator behind every acme tensor storage (allocator.cpp).
+c10::Allocator* device_allocator();
+}  // namespace acme

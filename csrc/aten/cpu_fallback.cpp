@@ -1,0 +1,105 @@
+//@ ch02
+// The CPU fallback: every aten op without an acme kernel runs on the CPU,
+// its tensors copied there and its results copied back.
+#include <ATen/native/CPUFallback.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+namespace acme {
+namespace {
+
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;
+
+//> ch02 deny-views
+// A view shares its base's storage. A CPU copy cannot: a "view" that fell back
+// would silently stop aliasing, so writes through it would be lost.
+void refuse_views(const c10::OperatorHandle& op) {
+  for (const auto& ret : op.schema().returns()) {
+    const auto* alias = ret.alias_info();
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        alias == nullptr || alias->isWrite(), "acme: ", op.schema().operator_name(),
+        " is a view operator and has no acme kernel. A view cannot run on the CPU "
+        "fallback, because its result must share the device tensor's storage.");
+  }
+}
+//< ch02 deny-views
+
+//> ch02 warn-once
+// One warning per operator, not per call: a loop would drown the user.
+void warn_once(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static std::unordered_set<std::string> warned;
+  const std::string name = c10::toString(op.schema().operator_name());
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(name).second) return;
+  }
+  TORCH_WARN("acme: ", name, " has no acme kernel and runs on the CPU ",
+             "(inputs copied to the host, results copied back).");
+}
+//< ch02 warn-once
+
+//> ch02 result-device
+// Upstream's fallback sends results to the device of the *first* tensor
+// argument. For `2 // t` that is the CPU scalar 2, so the result would stay
+// on the CPU. Results belong on the device of the first acme argument.
+std::optional<c10::Device> first_acme_device(const c10::OperatorHandle& op,
+                                             const torch::jit::Stack& args) {
+  for (const auto& value : args) {
+    if (value.isDevice()) return std::nullopt;  // the op names its device itself
+    if (value.isTensor() && value.toTensor().defined() &&
+        value.toTensor().device().type() == kAcme) {
+      return value.toTensor().device();
+    }
+  }
+  return std::nullopt;
+}
+
+void move_results_to(c10::Device device, const c10::OperatorHandle& op,
+                     torch::jit::Stack* stack) {
+  const size_t n = op.schema().returns().size();
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    auto& value = (*stack)[i];
+    if (value.isTensor() && value.toTensor().defined() &&
+        value.toTensor().device().type() == c10::DeviceType::CPU) {
+      value = value.toTensor().to(device);
+    }
+  }
+}
+//< ch02 result-device
+
+//> ch02 fallback
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  refuse_views(op);
+  warn_once(op);
+  const size_t n_args = op.schema().arguments().size();
+  const torch::jit::Stack args(stack->end() - n_args, stack->end());
+  const auto device = first_acme_device(op, args);
+  at::native::cpu_fallback(op, stack);
+  if (device) move_results_to(*device, op, stack);
+}
+//< ch02 fallback
+
+}  // namespace
+}  // namespace acme
+
+//> ch02 register-global
+// `_` means every namespace: the fallback for all ops without an acme kernel.
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&acme::cpu_fallback>());
+}
+//< ch02 register-global
+
+//> ch02 register-per-op
+// Some ops never reach the global fallback: abs has a CompositeExplicitAutograd
+// kernel, which the dispatcher prefers to a backend fallback. That kernel makes
+// an empty [0] result on the device and calls abs.out. Registering the fallback
+// as abs's own acme kernel sends abs to the CPU in one piece instead.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("abs", torch::CppFunction::makeFromBoxedFunction<&acme::cpu_fallback>());
+}
+//< ch02 register-per-op

@@ -1,0 +1,226 @@
+//@ ch01
+// The minimal op set: the twelve kernels PyTorch needs before an acme tensor
+// can be created, viewed, copied to and from the CPU, and read back.
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/strides.h>
+#include <torch/library.h>
+
+#include "aten/acme_check.h"
+#include "aten/allocator.h"
+
+namespace acme {
+namespace {
+
+const c10::DispatchKeySet kAcmeKeys{c10::DispatchKey::PrivateUse1};
+
+//> ch01 empty
+at::Tensor empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                 std::optional<at::Layout> layout, std::optional<at::Device> device,
+                 std::optional<bool> pin_memory,
+                 std::optional<at::MemoryFormat> memory_format) {
+  TORCH_CHECK(!pin_memory.value_or(false), "acme tensors cannot be pinned");
+  // The allocator serves the current device: make it the requested one.
+  const c10::OptionalDeviceGuard guard(device);
+  return at::detail::empty_generic(size, device_allocator(), kAcmeKeys,
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout> layout,
+                         std::optional<at::Device> device,
+                         std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "acme tensors cannot be pinned");
+  const c10::OptionalDeviceGuard guard(device);
+  return at::detail::empty_strided_generic(size, stride, device_allocator(),
+                                           kAcmeKeys, c10::dtype_or_default(dtype));
+}
+//< ch01 empty
+
+//> ch01 views
+// Views share the device storage and only change sizes, strides and offset:
+// the device-independent implementations in ATen do exactly that.
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size,
+                      c10::IntArrayRef stride,
+                      std::optional<int64_t> storage_offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) {
+  return at::native::view(self, size);
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size,
+                         c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+//< ch01 views
+
+//> ch01 resize
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<at::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(size);
+  if (memory_format) impl->empty_tensor_restride(*memory_format);
+  const size_t needed = at::detail::computeStorageNbytes(
+      self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
+  const c10::Storage& storage = self.storage();
+  if (needed > storage.nbytes()) {
+    TORCH_CHECK(storage.resizable(), "acme: cannot resize a storage that is not resizable");
+    // Grow: allocate on the storage's device, keep the old bytes.
+    const c10::DeviceGuard guard(self.device());
+    c10::DataPtr fresh = device_allocator()->allocate(needed);
+    if (storage.nbytes() > 0) {
+      ACME_CHECK(acmeMemcpy(fresh.get(), storage.data(), storage.nbytes(),
+                            acmeMemcpyDeviceToDevice));
+    }
+    storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
+    storage.unsafeGetStorageImpl()->set_nbytes(needed);
+  }
+  return self;
+}
+//< ch01 resize
+
+//> ch01 set
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source,
+                               int64_t storage_offset, c10::IntArrayRef size,
+                               c10::IntArrayRef stride) {
+  self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
+  // An empty stride list means "contiguous".
+  const auto contiguous = c10::contiguous_strides(size);
+  at::native::setStrided(self, size, stride.empty() ? c10::IntArrayRef(contiguous) : stride,
+                         storage_offset);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source) {
+  const int64_t numel = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  return set_storage_offset(self, std::move(source), 0, {numel}, {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.unsafeGetTensorImpl() == source.unsafeGetTensorImpl()) return self;
+  return set_storage_offset(self, source.storage(), source.storage_offset(),
+                            source.sizes(), source.strides());
+}
+//< ch01 set
+
+//> ch01 copy
+// The byte range of the storage a (possibly strided) tensor covers.
+struct Extent {
+  int64_t first;  // in elements, from the start of the storage
+  int64_t length;
+};
+
+Extent extent_of(const at::Tensor& t) {
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return {t.storage_offset(), t.numel() == 0 ? 0 : last + 1};
+}
+
+char* storage_bytes(const at::Tensor& t, int64_t first_element) {
+  return static_cast<char*>(t.storage().mutable_data()) + first_element * t.element_size();
+}
+
+// A CPU tensor with the same sizes and strides as the device tensor `t`,
+// filled by copying the storage range `t` covers (one memcpy).
+at::Tensor to_host(const at::Tensor& t) {
+  const Extent e = extent_of(t);
+  at::Tensor host = at::empty({e.length}, t.options().device(at::kCPU));
+  ACME_CHECK(acmeMemcpy(host.data_ptr(), storage_bytes(t, e.first),
+                        e.length * t.element_size(), acmeMemcpyDeviceToHost));
+  return host.as_strided(t.sizes(), t.strides(), 0);
+}
+
+// Writes a CPU tensor into the device tensor `dst` (any layout, any dtype).
+void from_host(const at::Tensor& src, const at::Tensor& dst) {
+  if (dst.is_non_overlapping_and_dense() && dst.is_contiguous()) {
+    // The common case: one memcpy of a contiguous, converted source.
+    const at::Tensor ready = src.to(dst.scalar_type()).contiguous();
+    ACME_CHECK(acmeMemcpy(dst.data_ptr(), ready.const_data_ptr(), dst.nbytes(),
+                          acmeMemcpyHostToDevice));
+    return;
+  }
+  // Strided destination: read the range it covers, update it on the host with
+  // the CPU's copy_, write the range back. Bytes between elements survive.
+  const at::Tensor staging = to_host(dst);
+  staging.copy_(src);
+  const Extent e = extent_of(dst);
+  ACME_CHECK(acmeMemcpy(storage_bytes(dst, e.first), staging.storage().const_data(),
+                        e.length * dst.element_size(), acmeMemcpyHostToDevice));
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(self.defined() && dst.defined(), "acme copy: undefined tensor");
+  // copy_ broadcasts its source; the device paths below want equal shapes.
+  at::Tensor src = self;
+  if (src.sizes() != dst.sizes()) {
+    TORCH_CHECK(at::is_expandable_to(src.sizes(), dst.sizes()),
+                "acme copy: source of shape ", src.sizes(),
+                " cannot be copied into a destination of shape ", dst.sizes());
+    src = src.expand(dst.sizes());
+  }
+  if (dst.numel() == 0) return dst;
+
+  const bool src_on_acme = src.device().type() == c10::DeviceType::PrivateUse1;
+  const bool dst_on_acme = dst.device().type() == c10::DeviceType::PrivateUse1;
+  if (src_on_acme && !dst_on_acme) {
+    dst.copy_(to_host(src));  // the CPU's copy_ converts dtype and layout
+  } else if (!src_on_acme && dst_on_acme) {
+    from_host(src, dst);
+  } else {
+    const bool same_layout = src.scalar_type() == dst.scalar_type() &&
+                             src.is_contiguous() && dst.is_contiguous();
+    if (same_layout) {
+      ACME_CHECK(acmeMemcpy(dst.data_ptr(), src.const_data_ptr(), dst.nbytes(),
+                            acmeMemcpyDeviceToDevice));
+    } else {
+      from_host(to_host(src), dst);  // convert on the host (no device kernels yet)
+    }
+  }
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  // The CPU fallback calls this for out= arguments: the result decides the shape.
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  // tensor.item(): bring one element to the host, then read it there.
+  at::Tensor host = at::empty({}, self.options().device(at::kCPU));
+  ACME_CHECK(acmeMemcpy(host.data_ptr(), self.const_data_ptr(), self.element_size(),
+                        acmeMemcpyDeviceToHost));
+  return at::_local_scalar_dense(host);
+}
+//< ch01 copy
+
+}  // namespace
+
+//> ch01 register
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("as_strided", TORCH_FN(as_strided));
+  m.impl("view", TORCH_FN(view));
+  m.impl("_reshape_alias", TORCH_FN(reshape_alias));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("set_.source_Storage", TORCH_FN(set_storage));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+  m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+}
+//< ch01 register
+
+}  // namespace acme

@@ -1,0 +1,52 @@
+"""Every chapter is a test: its notebook runs in its own kernel against its own stage."""
+
+from __future__ import annotations
+
+import jupytext
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from conftest import CHAPTERS, ROOT, stage_dir
+
+
+def chapter_path(chapter: dict) -> "Path":
+    return ROOT / "chapters" / f"{chapter['number']:02d}-{chapter['slug']}.md"
+
+
+def chapters_upto(config) -> list[dict]:
+    return [c for c in CHAPTERS if c["number"] <= config.getoption("--upto")]
+
+
+def pytest_generate_tests(metafunc):
+    if "chapter" in metafunc.fixturenames:
+        chosen = chapters_upto(metafunc.config)
+        metafunc.parametrize("chapter", chosen, ids=[f"ch{c['number']:02d}-{c['slug']}" for c in chosen])
+
+
+def test_chapter_runs_against_its_stage(chapter):
+    number = chapter["number"]
+    notebook = jupytext.read(chapter_path(chapter))
+    kernel = notebook.metadata["kernelspec"]["name"]
+    # The kernel decides which build the notebook sees: it must be this stage's.
+    assert kernel == f"acme-stage-{number:02d}", kernel
+    assert (stage_dir(number) / "src" / "torch_acme" / "_build_info.py").exists()
+
+    client = NotebookClient(notebook, kernel_name=kernel, timeout=600,
+                            resources={"metadata": {"path": str(ROOT / "chapters")}})
+    try:
+        client.execute()
+    except CellExecutionError as error:
+        pytest.fail(f"{chapter_path(chapter).name}: a cell failed:\n{error}", pytrace=False)
+
+    code_cells = [c for c in notebook.cells if c.cell_type == "code"]
+    assert code_cells, "a chapter without code cells tests nothing"
+    for cell in code_cells:
+        tags = cell.metadata.get("tags", [])
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        # A cell that claims to show a failure must really fail, and only such a cell may.
+        if "raises-exception" in tags:
+            assert errors, f"cell expected to raise did not:\n{cell.source}"
+        else:
+            assert not errors, f"cell raised:\n{cell.source}"
+        assert cell.get("execution_count"), f"cell did not run:\n{cell.source}"

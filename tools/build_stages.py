@@ -1,0 +1,224 @@
+"""Build every stage of the backend in one ninja graph.
+
+Each stage snapshot (written by tools/splitter.py) is built in place: its
+``src/torch_acme`` folder receives ``libacme_runtime.so``, the extension module
+``_C`` and ``_build_info.py``. A translation unit is compiled once for all the
+stages in which it is identical: objects are named after a hash of the source,
+the project headers it includes (transitively) and the compile flags, so stage 3
+and stage 7 share ``allocator-<hash>.o`` when nothing in between touched it.
+
+Usage: python tools/build_stages.py [--upto N] [--out _build] [--kernels]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tools import splitter  # noqa: E402
+
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+CXXFLAGS = ["-std=c++20", "-O2", "-g0", "-fPIC", "-fvisibility-inlines-hidden", "-Wall"]
+
+
+def torch_flags() -> tuple[list[str], list[str]]:
+    import torch
+    from torch.utils import cpp_extension
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    includes = [f"-isystem{p}" for p in cpp_extension.include_paths()]
+    libs = [f"-L{p}" for p in cpp_extension.library_paths()]
+    return includes + [f"-D_GLIBCXX_USE_CXX11_ABI={abi}"], libs + ["-lc10", "-ltorch", "-ltorch_cpu"]
+
+
+def layer_of(rel: str) -> str:
+    """csrc/<layer>/file.cpp: which layer a translation unit belongs to."""
+    parts = Path(rel).parts
+    return parts[1] if len(parts) > 2 and parts[0] == "csrc" else "other"
+
+
+class Graph:
+    def __init__(self, out: Path):
+        self.out = out
+        self.objects: dict[Path, tuple[str, Path, Path]] = {}  # object -> (rule, source, csrc)
+        self.links: list[str] = []
+        self.all_targets: list[str] = []
+
+    def header_closure(self, stage_dir: Path, source: Path) -> list[Path]:
+        seen: list[Path] = []
+        todo = [source]
+        while todo:
+            text = todo.pop().read_text()
+            for inc in INCLUDE_RE.findall(text):
+                path = stage_dir / "csrc" / inc
+                if path.exists() and path not in seen:
+                    seen.append(path)
+                    todo.append(path)
+        return sorted(seen)
+
+    def object_for(self, stage_dir: Path, source: Path, rule: str) -> Path:
+        # The include root differs per stage but is not part of the identity:
+        # the content of every project header the TU reads is.
+        digest = hashlib.sha256(rule.encode())
+        for path in [source, *self.header_closure(stage_dir, source)]:
+            digest.update(path.relative_to(stage_dir).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes())
+        obj = self.out / "obj" / f"{source.stem}-{digest.hexdigest()[:16]}.o"
+        self.objects.setdefault(obj, (rule, source, stage_dir / "csrc"))
+        return obj
+
+
+def plan_stage(graph: Graph, stage_dir: Path, torch_libs: str) -> None:
+    pkg = stage_dir / "src" / "torch_acme"
+    csrc = stage_dir / "csrc"
+    runtime = sorted((csrc / "runtime").glob("*.cpp"))
+    glue = sorted((csrc / "aten").glob("*.cpp"))
+    python = sorted((csrc / "python").glob("*.cpp"))
+
+    runtime_objs = [graph.object_for(stage_dir, s, "cxx_runtime") for s in runtime]
+    ext_objs = [graph.object_for(stage_dir, s, "cxx_torch") for s in glue]
+    ext_objs += [graph.object_for(stage_dir, s, "cxx_python") for s in python]
+
+    lib = pkg / "libacme_runtime.so"
+    ext = pkg / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
+    # Until the glue exists (chapter 0) the extension does not link PyTorch at all.
+    torch_libs = torch_libs if glue else ""
+    graph.links.append(f"build {lib}: link_runtime {' '.join(map(str, runtime_objs))}")
+    graph.links.append(
+        f"build {ext}: link_ext {' '.join(map(str, ext_objs))} | {lib}\n"
+        f"  libdir = {pkg}\n  torch_libs = {torch_libs}"
+    )
+    graph.all_targets += [str(lib), str(ext)]
+
+
+def write_ninja(graph: Graph, flags: dict[str, list[str]]) -> Path:
+    cc = "ccache g++" if shutil.which("ccache") else "g++"
+    lines = [
+        "ninja_required_version = 1.10",
+        f"cxx = {cc}",
+        f"base = {' '.join(CXXFLAGS)}",
+        *(f"{rule}_flags = {' '.join(f)}" for rule, f in flags.items()),
+        "",
+    ]
+    for rule in ("runtime", "torch", "python"):
+        lines += [
+            f"rule cxx_{rule}",
+            f"  command = $cxx $base -I$csrc ${rule}_flags -MMD -MF $out.d -c $in -o $out",
+            "  depfile = $out.d",
+            "  deps = gcc",
+            f"  description = CXX ({rule}) $in",
+            "",
+        ]
+    lines += [
+        "rule link_runtime",
+        "  command = g++ -shared -o $out $in -Wl,-soname,libacme_runtime.so",
+        "  description = LINK $out",
+        "",
+        "rule link_ext",
+        "  command = g++ -shared -o $out $in -L$libdir -lacme_runtime $torch_libs"
+        " '-Wl,-rpath,$$ORIGIN'",
+        "  description = LINK $out",
+        "",
+    ]
+    for obj, (rule, source, csrc) in graph.objects.items():
+        lines.append(f"build {obj}: {rule} {source}\n  csrc = {csrc}")
+    lines += graph.links
+    lines.append(f"default {' '.join(graph.all_targets)}")
+    path = graph.out / "build.ninja"
+    text = "\n".join(lines) + "\n"
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def snapshot_digest(stage_dir: Path) -> str:
+    files = (stage_dir / ".snapshot-files").read_text().split()
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        digest.update(rel.encode() + b"\0" + (stage_dir / rel).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def install_kernel(number: int, stage_dir: Path) -> None:
+    """A Jupyter kernel per stage, so a chapter can only run against its own build."""
+    kernel_dir = Path(sys.prefix) / "share" / "jupyter" / "kernels" / f"acme-stage-{number:02d}"
+    kernel_dir.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"acme stage {number}",
+        "language": "python",
+        "env": {
+            "PYTHONPATH": str(stage_dir / "src"),
+            "ACME_STAGE_DIR": str(stage_dir),
+            "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+        },
+    }
+    write_if_changed(kernel_dir / "kernel.json", json.dumps(spec, indent=1) + "\n")
+
+
+def build(upto: int | None, out: Path, kernels: bool, jobs: int) -> list[Path]:
+    chapters = [c for c in splitter.load_manifest(ROOT) if upto is None or c.number <= upto]
+    if not chapters:
+        raise SystemExit(f"no chapter numbered <= {upto} in chapters/chapters.toml")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "obj").mkdir(exist_ok=True)
+    split_args = ["--root", str(ROOT), "--out", str(out)]
+    if splitter.main(split_args + ([] if upto is None else ["--stage", str(upto)])):
+        raise SystemExit("the splitter failed (see above)")
+
+    torch_inc, torch_libs = torch_flags()
+    flags = {
+        "runtime": [],  # the vendor runtime must build without PyTorch
+        "torch": torch_inc,
+        # pybind11 ships inside torch's include dir
+        "python": torch_inc + [f"-isystem{sysconfig.get_paths()['include']}"],
+    }
+    graph = Graph(out)
+    stage_dirs = []
+    for chapter in chapters:
+        stage_dir = (out / "stages" / f"stage-{chapter.number:02d}").resolve()
+        plan_stage(graph, stage_dir, " ".join(torch_libs))
+        stage_dirs.append((chapter.number, stage_dir))
+    ninja_path = write_ninja(graph, flags)
+    ninja = shutil.which("ninja") or "ninja"
+    subprocess.run([ninja, "-f", str(ninja_path), f"-j{jobs}"], check=True, cwd=out)
+
+    for number, stage_dir in stage_dirs:
+        write_if_changed(
+            stage_dir / "src" / "torch_acme" / "_build_info.py",
+            f'"""Written by tools/build_stages.py: which stage this build is."""\n'
+            f"STAGE = {number}\nSOURCE_DIGEST = {snapshot_digest(stage_dir)!r}\n",
+        )
+        if kernels:
+            install_kernel(number, stage_dir)
+    return [d for _, d in stage_dirs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--upto", type=int, default=None, help="last stage to build")
+    parser.add_argument("--out", type=Path, default=ROOT / "_build")
+    parser.add_argument("--kernels", action="store_true", help="install a Jupyter kernel per stage")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args()
+    build(args.upto, args.out.resolve(), args.kernels, args.jobs)
+
+
+if __name__ == "__main__":
+    main()
