@@ -2,6 +2,7 @@
 // The minimal op set: the twelve kernels PyTorch needs before an acme tensor
 // can be created, viewed, copied to and from the CPU, and read back.
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_local_scalar_dense.h>
@@ -67,6 +68,9 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size,
 //> ch01 resize
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
+  // Same shape: keep the layout. A strided view stays a view (the CPU fallback
+  // "resizes" every out= argument, views included, to the shape it already has).
+  if (self.sizes() == size && !memory_format) return self;
   auto* impl = self.unsafeGetTensorImpl();
   impl->set_sizes_contiguous(size);
   if (memory_format) impl->empty_tensor_restride(*memory_format);
@@ -154,7 +158,7 @@ void from_host(const at::Tensor& src, const at::Tensor& dst) {
   const at::Tensor staging = to_host(dst);
   staging.copy_(src);
   const Extent e = extent_of(dst);
-  ACME_CHECK(acmeMemcpy(storage_bytes(dst, e.first), staging.storage().const_data(),
+  ACME_CHECK(acmeMemcpy(storage_bytes(dst, e.first), staging.storage().data(),
                         e.length * dst.element_size(), acmeMemcpyHostToDevice));
 }
 

@@ -1,0 +1,30 @@
+"""Sphinx configuration for the Out of Tree site (built by `nox -s site`)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent / "docs" / "_ext"))
+
+project = "Out of Tree"
+author = "Out of Tree"
+copyright = "2026, Out of Tree"
+
+extensions = ["myst_nb", "sphinx_tabs.tabs", "sphinx_togglebutton", "acme_book"]
+root_doc = "docs/index"
+exclude_patterns = ["_build", ".nox", ".git", ".ci", "README.md", "tests", "csrc", "src",
+                    "tools", "**/.ipynb_checkpoints", ".pytest_cache"]
+
+html_theme = "sphinx_book_theme"
+html_title = "Out of Tree"
+html_theme_options = {"show_toc_level": 2, "use_download_button": True}
+
+myst_enable_extensions = ["colon_fence"]
+
+# Chapters run at every site build, each in the kernel of its own stage (the
+# kernelspec named in its front matter). A failing cell is a warning, and -W
+# turns it into a failed build with the traceback in the log.
+nb_execution_mode = "force"
+nb_execution_timeout = 600
+nb_execution_raise_on_error = False
+nb_execution_show_tb = True
+sphinx_tabs_disable_tab_closing = True

@@ -1,0 +1,233 @@
+// Python bindings of the acme vendor runtime. Plain pybind11 over the C API:
+// no PyTorch here, so chapter 0 can drive the device before any integration.
+#include "python/runtime_bindings.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "runtime/acme_runtime.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// The AcmeError class. Deliberately never released: a py::object in a static
+// would be destroyed after the interpreter is gone.
+PyObject* acme_error_type = nullptr;
+
+// A failed runtime call on its way out of a binding; becomes an AcmeError.
+struct Failure {
+  acmeError_t code;
+  std::string message;
+};
+
+void check(acmeError_t code) {
+  // The last-error message is per thread: read it before anything else runs.
+  if (code != acmeSuccess) throw Failure{code, acmeGetLastErrorMessage()};
+}
+
+// Copies may be long and other Python threads may use the device meanwhile,
+// so the call runs without the GIL (on the same thread, so check() still
+// reads this call's message).
+template <class Call>
+void call_without_gil(Call&& call) {
+  acmeError_t code;
+  {
+    py::gil_scoped_release no_gil;
+    code = call();
+  }
+  check(code);
+}
+
+void set_acme_error(const Failure& f) {
+  const std::string text = std::string(acmeGetErrorName(f.code)) + ": " + f.message;
+  // "replace": an echoed environment value need not be valid UTF-8.
+  PyObject* message = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()),
+                                           "replace");
+  PyObject* error = message ? PyObject_CallOneArg(acme_error_type, message) : nullptr;
+  Py_XDECREF(message);
+  if (!error) return;  // the failure to build it is what gets raised
+  PyObject* code = PyLong_FromLong(f.code);
+  PyObject* name = PyUnicode_FromString(acmeGetErrorName(f.code));
+  if (code && name) {
+    PyObject_SetAttrString(error, "code", code);
+    PyObject_SetAttrString(error, "name", name);
+  }
+  Py_XDECREF(code);
+  Py_XDECREF(name);
+  PyErr_SetObject(acme_error_type, error);
+  Py_DECREF(error);
+}
+
+// A contiguous view of any buffer-protocol object (bytes, bytearray, memoryview,
+// array.array, ...), held while the copy runs.
+struct HostBuffer {
+  Py_buffer view;
+  explicit HostBuffer(const py::object& data) {
+    if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0)
+      throw py::error_already_set();
+  }
+  ~HostBuffer() { PyBuffer_Release(&view); }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+};
+
+void* as_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+}  // namespace
+
+void acme_bind_runtime(py::module_& m) {
+  const std::string module_name = py::str(m.attr("__name__"));
+  acme_error_type = PyErr_NewExceptionWithDoc(
+      (module_name + ".AcmeError").c_str(),
+      "A failed acme runtime call.\n\n"
+      "Attributes: code (int, the acmeError_t value) and name (e.g. "
+      "\"acmeErrorInvalidDevice\").\nstr(error) is \"<name>: <detailed message>\".",
+      PyExc_RuntimeError, nullptr);
+  if (!acme_error_type) throw py::error_already_set();
+  m.attr("AcmeError") = py::handle(acme_error_type);
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Failure& f) {
+      set_acme_error(f);
+    }
+  });
+
+  py::enum_<acmeMemcpyKind>(m, "MemcpyKind", "Direction of a raw memcpy.")
+      .value("HostToHost", acmeMemcpyHostToHost)
+      .value("HostToDevice", acmeMemcpyHostToDevice)
+      .value("DeviceToHost", acmeMemcpyDeviceToHost)
+      .value("DeviceToDevice", acmeMemcpyDeviceToDevice);
+
+  m.def(
+      "device_count",
+      [] {
+        int count = 0;
+        check(acmeGetDeviceCount(&count));
+        return count;
+      },
+      "Number of acme devices (environment variable ACME_DEVICE_COUNT, default 2).");
+  m.def(
+      "current_device",
+      [] {
+        int device = 0;
+        check(acmeGetDevice(&device));
+        return device;
+      },
+      "This thread's current device (each thread starts on device 0).");
+  m.def(
+      "set_device", [](int device) { check(acmeSetDevice(device)); }, py::arg("device"),
+      "Make `device` this thread's current device.");
+  m.def(
+      "synchronize", [] { call_without_gil([] { return acmeDeviceSynchronize(); }); },
+      "Wait for all work on the current device (everything is synchronous for now).");
+  m.def(
+      "checked_mode", [] { return acmeCheckedMode() != 0; },
+      "True if device memory faults on host access (the default; ACME_CHECKED=0 turns it off).");
+
+  m.def(
+      "malloc",
+      [](size_t nbytes) {
+        void* ptr = nullptr;
+        call_without_gil([&] { return acmeMalloc(&ptr, nbytes); });
+        return reinterpret_cast<uintptr_t>(ptr);
+      },
+      py::arg("nbytes"),
+      "Allocate `nbytes` on the current device; returns the device pointer as an int "
+      "(0 for 0 bytes). The host must not dereference it.");
+  m.def(
+      "free", [](uintptr_t ptr) { call_without_gil([&] { return acmeFree(as_pointer(ptr)); }); },
+      py::arg("ptr"), "Free an allocation given its base pointer (0 is a no-op).");
+
+  m.def(
+      "copy_to_device",
+      [](uintptr_t dst, const py::object& data) {
+        HostBuffer host(data);
+        call_without_gil([&] {
+          return acmeMemcpy(as_pointer(dst), host.view.buf, static_cast<size_t>(host.view.len),
+                            acmeMemcpyHostToDevice);
+        });
+      },
+      py::arg("dst"), py::arg("data"),
+      "Copy the bytes of `data` (any contiguous buffer: bytes, bytearray, memoryview, "
+      "array, ...) to device memory at `dst`.");
+  m.def(
+      "copy_to_host",
+      [](uintptr_t src, size_t nbytes) {
+        if (nbytes > static_cast<size_t>(PY_SSIZE_T_MAX)) throw py::value_error("nbytes too large");
+        PyObject* raw = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(nbytes));
+        if (!raw) throw py::error_already_set();
+        auto out = py::reinterpret_steal<py::bytes>(raw);
+        char* buffer = PyBytes_AS_STRING(raw);  // fresh and unshared: ours to fill
+        call_without_gil(
+            [&] { return acmeMemcpy(buffer, as_pointer(src), nbytes, acmeMemcpyDeviceToHost); });
+        return out;
+      },
+      py::arg("src"), py::arg("nbytes"), "Copy `nbytes` of device memory at `src` into new bytes.");
+  m.def(
+      "copy_device_to_device",
+      [](uintptr_t dst, uintptr_t src, size_t nbytes) {
+        call_without_gil([&] {
+          return acmeMemcpy(as_pointer(dst), as_pointer(src), nbytes, acmeMemcpyDeviceToDevice);
+        });
+      },
+      py::arg("dst"), py::arg("src"), py::arg("nbytes"),
+      "Copy `nbytes` between device pointers (possibly on different devices).");
+  m.def(
+      "memset",
+      [](uintptr_t ptr, int value, size_t nbytes) {
+        call_without_gil([&] { return acmeMemset(as_pointer(ptr), value, nbytes); });
+      },
+      py::arg("ptr"), py::arg("value"), py::arg("nbytes"),
+      "Set `nbytes` of device memory at `ptr` to the byte `value`.");
+  m.def(
+      "memcpy",
+      [](uintptr_t dst, uintptr_t src, size_t nbytes, acmeMemcpyKind kind) {
+        call_without_gil(
+            [&] { return acmeMemcpy(as_pointer(dst), as_pointer(src), nbytes, kind); });
+      },
+      py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("kind"),
+      "The raw acmeMemcpy on integer addresses, e.g. from ctypes.addressof. The runtime "
+      "checks every side against `kind`: a host side pointing into device memory raises "
+      "AcmeError (acmeErrorHostAccessToDevice).");
+
+  m.def(
+      "pointer_attributes",
+      [](uintptr_t ptr) {
+        acmePointerAttributes a;
+        check(acmePointerGetAttributes(&a, as_pointer(ptr)));
+        py::dict d;
+        d["device"] = a.device;
+        d["is_device"] = a.isDevice != 0;
+        d["base"] = reinterpret_cast<uintptr_t>(a.base);
+        d["size"] = a.size;
+        return d;
+      },
+      py::arg("ptr"),
+      "dict(device, is_device, base, size) of the allocation `ptr` points into; host "
+      "pointers give device=-1, is_device=False, base=0, size=0.");
+  m.def(
+      "mem_get_info",
+      [] {
+        size_t free = 0, total = 0;
+        check(acmeMemGetInfo(&free, &total));
+        return std::make_pair(free, total);
+      },
+      "(free, total) bytes on the current device (total = ACME_DEVICE_MEMORY, default 16 GiB).");
+  m.def(
+      "memory_stats",
+      [](int device) {
+        size_t bytes = 0, blocks = 0, peak = 0;
+        check(acmeMemoryStats(device, &bytes, &blocks, &peak));
+        py::dict d;
+        d["bytes_in_use"] = bytes;
+        d["blocks_in_use"] = blocks;
+        d["peak_bytes"] = peak;
+        return d;
+      },
+      py::arg("device"),
+      "dict(bytes_in_use, blocks_in_use, peak_bytes) of a device, in requested bytes: "
+      "the leak check of the tests.");
+}

@@ -1,0 +1,537 @@
+// The acme runtime: configuration, devices, the allocation registry, and the
+// checked copies. Checked mode's mappings and fault handler live in
+// checked_memory.cpp.
+#include "runtime/acme_runtime.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "runtime/checked_memory.h"
+
+namespace {
+
+constexpr int kMaxDevices = 16;
+
+// ---- errors ----
+
+thread_local char last_error[1024] = "no error";
+
+__attribute__((format(printf, 2, 3))) acmeError_t fail(acmeError_t code, const char* format,
+                                                        ...) {
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(last_error, sizeof last_error, format, args);
+  va_end(args);
+  return code;
+}
+
+// "512 bytes", "768 KiB", "63.9 MiB", "1.00 GiB": three significant digits.
+struct HumanSize {
+  char text[32];
+  explicit HumanSize(size_t bytes) {
+    if (bytes < 1024) {
+      std::snprintf(text, sizeof text, "%zu bytes", bytes);
+      return;
+    }
+    const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double value = static_cast<double>(bytes) / 1024;
+    int unit = 0;
+    while (value >= 1024 && unit < 5) {
+      value /= 1024;
+      ++unit;
+    }
+    const int decimals = value < 10 ? 2 : value < 100 ? 1 : 0;
+    std::snprintf(text, sizeof text, "%.*f %s", decimals, value, units[unit]);
+  }
+};
+
+// ---- configuration (read once from the environment) ----
+
+struct Config {
+  acmeError_t status = acmeSuccess;
+  char message[512] = "";
+  int device_count = 2;
+  size_t capacity = size_t{16} << 30;
+  bool checked = true;
+};
+
+// Digits with an optional K/M/G/T suffix (powers of 1024), optionally followed
+// by "B" or "iB": "4096", "64M", "1GiB".
+bool parse_size(const char* text, size_t* out) {
+  if (!std::isdigit(static_cast<unsigned char>(text[0]))) return false;
+  errno = 0;
+  char* end;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  if (errno == ERANGE) return false;
+  int shift = 0;
+  switch (std::toupper(static_cast<unsigned char>(*end))) {
+    case 'K': shift = 10; break;
+    case 'M': shift = 20; break;
+    case 'G': shift = 30; break;
+    case 'T': shift = 40; break;
+  }
+  if (shift) {
+    ++end;
+    if (*end == 'i') ++end;
+  }
+  if (*end == 'B' || *end == 'b') ++end;
+  if (*end != '\0' || value > (SIZE_MAX >> shift)) return false;
+  *out = static_cast<size_t>(value) << shift;
+  return true;
+}
+
+Config load_config() {
+  Config c;
+  if (const char* text = std::getenv("ACME_DEVICE_COUNT")) {
+    char* end;
+    const long n = std::strtol(text, &end, 10);
+    if (!std::isdigit(static_cast<unsigned char>(text[0])) || *end != '\0' || n < 1 ||
+        n > kMaxDevices) {
+      c.status = acmeErrorInitialization;
+      std::snprintf(c.message, sizeof c.message,
+                    "ACME_DEVICE_COUNT=\"%s\" is invalid: it must be an integer from 1 to %d",
+                    text, kMaxDevices);
+      return c;
+    }
+    c.device_count = static_cast<int>(n);
+  }
+  if (const char* text = std::getenv("ACME_DEVICE_MEMORY")) {
+    if (!parse_size(text, &c.capacity) || c.capacity == 0) {
+      c.status = acmeErrorInitialization;
+      std::snprintf(c.message, sizeof c.message,
+                    "ACME_DEVICE_MEMORY=\"%s\" is invalid: it must be a positive number of "
+                    "bytes, optionally with a K, M, G or T suffix (e.g. \"64M\")",
+                    text);
+      return c;
+    }
+  }
+  if (const char* text = std::getenv("ACME_CHECKED")) {
+    if (std::strcmp(text, "0") == 0) {
+      c.checked = false;
+    } else if (std::strcmp(text, "1") != 0) {
+      c.status = acmeErrorInitialization;
+      std::snprintf(c.message, sizeof c.message,
+                    "ACME_CHECKED=\"%s\" is invalid: it must be 1 (checked device memory, the "
+                    "default) or 0 (plain host memory)",
+                    text);
+    }
+  }
+  return c;
+}
+
+const Config& config() {
+  static const Config c = load_config();
+  return c;
+}
+
+// Every entry point starts here.
+acmeError_t enter() {
+  const Config& c = config();
+  if (c.status != acmeSuccess) return fail(c.status, "%s", c.message);
+  if (c.checked) acme::checked::ensure_signal_stack();
+  return acmeSuccess;
+}
+
+acmeError_t check_device(int device) {
+  const int count = config().device_count;
+  if (device >= 0 && device < count) return acmeSuccess;
+  return fail(acmeErrorInvalidDevice, "invalid device ordinal %d: there %s %d acme device%s",
+              device, count == 1 ? "is" : "are", count, count == 1 ? "" : "s");
+}
+
+thread_local int current_device = 0;
+
+// ---- the allocation registry ----
+
+struct Allocation {
+  uintptr_t base = 0;
+  size_t size = 0;  // requested
+  size_t span = 0;  // reserved: page-rounded in checked mode
+  int device = 0;
+  char* view = nullptr;  // the device's view of base
+  int slot = -1;         // fault-table slot (checked mode)
+  acme::checked::Mapping mapping;
+
+  ~Allocation() {
+    if (mapping.device) {
+      acme::checked::unmap(mapping);
+    } else {
+      std::free(view);
+    }
+  }
+};
+
+// Shared ownership lets an in-flight copy keep its memory mapped even if
+// another thread frees it meanwhile (and, later, a queued stream operation).
+using AllocationRef = std::shared_ptr<Allocation>;
+
+struct Registry {
+  std::mutex mutex;
+  std::map<uintptr_t, AllocationRef> live;  // by base
+  struct Stats {
+    size_t bytes = 0, blocks = 0, peak = 0;
+  } stats[kMaxDevices];
+  // Recently freed bases, so a double free can be called one.
+  uintptr_t freed[64] = {};
+  unsigned freed_next = 0;
+
+  // The allocation whose reserved span contains p.
+  AllocationRef containing(uintptr_t p) const {
+    auto it = live.upper_bound(p);
+    if (it == live.begin()) return nullptr;
+    --it;
+    return p - it->first < it->second->span ? it->second : nullptr;
+  }
+  // Some allocation overlapping [p, p + n), n > 0.
+  AllocationRef overlapping(uintptr_t p, size_t n) const {
+    if (AllocationRef a = containing(p)) return a;
+    auto it = live.upper_bound(p);
+    return it != live.end() && it->first - p < n ? it->second : nullptr;
+  }
+};
+
+// Never destroyed: memory may still be freed during static destruction.
+Registry& registry() {
+  static Registry* r = new Registry;
+  return *r;
+}
+
+// ---- validated operations ----
+
+// One side of a copy or memset, resolved to the device's view.
+struct Side {
+  char* address = nullptr;
+  AllocationRef keep;  // holds device memory mapped until the operation ran
+};
+
+// A device range must lie inside one live allocation. `what` starts the
+// message, e.g. "copy of 64 bytes from".
+acmeError_t resolve_device(const Registry& r, uintptr_t p, size_t n, const char* what,
+                           Side* side) {
+  AllocationRef a = r.containing(p);
+  if (!a)
+    return fail(acmeErrorInvalidDevicePointer,
+                "%s 0x%" PRIxPTR ": not a device pointer (no live acme allocation contains it)",
+                what, p);
+  const size_t offset = p - a->base;
+  if (offset > a->size || n > a->size - offset)
+    return fail(acmeErrorInvalidDevicePointer,
+                "%s 0x%" PRIxPTR " overruns the device allocation at 0x%" PRIxPTR
+                " (%zu bytes, device %d) by %zu bytes",
+                what, p, a->base, a->size, a->device, offset + n - a->size);
+  side->address = a->view + offset;
+  side->keep = std::move(a);
+  return acmeSuccess;
+}
+
+// A host range must not touch device memory. `fix` says what to do instead.
+acmeError_t resolve_host(const Registry& r, uintptr_t p, size_t n, const char* fix,
+                         Side* side) {
+  if (p == 0) return fail(acmeErrorInvalidValue, "host pointer is NULL for a copy of %zu bytes", n);
+  if (AllocationRef a = r.overlapping(p, n))
+    return fail(acmeErrorHostAccessToDevice,
+                "host access to device memory: 0x%" PRIxPTR " lies in the allocation at 0x%" PRIxPTR
+                " (%zu bytes, device %d); %s",
+                std::max(p, a->base), a->base, a->size, a->device, fix);
+  side->address = reinterpret_cast<char*>(p);
+  return acmeSuccess;
+}
+
+// Runs a validated operation. Today it runs at once on the calling thread; a
+// stream would queue it instead (the Sides keep their memory alive).
+void run_copy(const Side& dst, const Side& src, size_t count) {
+  std::memmove(dst.address, src.address, count);
+}
+void run_fill(const Side& dst, int value, size_t count) {
+  std::memset(dst.address, value, count);
+}
+
+acmeError_t check_range(uintptr_t p, size_t n) {
+  if (p + n < p)
+    return fail(acmeErrorInvalidValue,
+                "the range 0x%" PRIxPTR " + %zu bytes wraps around the address space", p, n);
+  return acmeSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* acmeGetErrorName(acmeError_t error) {
+  switch (error) {
+    case acmeSuccess: return "acmeSuccess";
+    case acmeErrorInvalidDevice: return "acmeErrorInvalidDevice";
+    case acmeErrorInvalidValue: return "acmeErrorInvalidValue";
+    case acmeErrorMemoryAllocation: return "acmeErrorMemoryAllocation";
+    case acmeErrorInvalidDevicePointer: return "acmeErrorInvalidDevicePointer";
+    case acmeErrorHostAccessToDevice: return "acmeErrorHostAccessToDevice";
+    case acmeErrorInitialization: return "acmeErrorInitialization";
+  }
+  return "acmeErrorUnrecognized";
+}
+
+const char* acmeGetErrorString(acmeError_t error) {
+  switch (error) {
+    case acmeSuccess: return "no error";
+    case acmeErrorInvalidDevice: return "invalid device ordinal";
+    case acmeErrorInvalidValue: return "invalid argument";
+    case acmeErrorMemoryAllocation: return "out of device memory";
+    case acmeErrorInvalidDevicePointer: return "invalid device pointer";
+    case acmeErrorHostAccessToDevice: return "host access to device memory";
+    case acmeErrorInitialization: return "invalid runtime configuration";
+  }
+  return "unrecognized error code";
+}
+
+const char* acmeGetLastErrorMessage(void) { return last_error; }
+
+acmeError_t acmeGetDeviceCount(int* count) {
+  if (acmeError_t e = enter()) return e;
+  if (!count) return fail(acmeErrorInvalidValue, "acmeGetDeviceCount: count is NULL");
+  *count = config().device_count;
+  return acmeSuccess;
+}
+
+acmeError_t acmeSetDevice(int device) {
+  if (acmeError_t e = enter()) return e;
+  if (acmeError_t e = check_device(device)) return e;
+  current_device = device;
+  return acmeSuccess;
+}
+
+acmeError_t acmeGetDevice(int* device) {
+  if (acmeError_t e = enter()) return e;
+  if (!device) return fail(acmeErrorInvalidValue, "acmeGetDevice: device is NULL");
+  *device = current_device;
+  return acmeSuccess;
+}
+
+acmeError_t acmeDeviceSynchronize(void) { return enter(); }
+
+int acmeCheckedMode(void) { return config().checked ? 1 : 0; }
+
+acmeError_t acmeMallocOnDevice(void** devPtr, size_t size, int device) {
+  if (acmeError_t e = enter()) return e;
+  if (!devPtr) return fail(acmeErrorInvalidValue, "acmeMalloc: devPtr is NULL");
+  *devPtr = nullptr;
+  if (acmeError_t e = check_device(device)) return e;
+  if (size == 0) return acmeSuccess;
+  const Config& c = config();
+  Registry& r = registry();
+
+  // Reserve the capacity first, so concurrent allocations cannot jointly exceed it.
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    Registry::Stats& s = r.stats[device];
+    if (size > c.capacity - s.bytes)
+      return fail(acmeErrorMemoryAllocation,
+                  "out of memory on device %d: tried to allocate %s; %s of %s in use", device,
+                  HumanSize(size).text, HumanSize(s.bytes).text, HumanSize(c.capacity).text);
+    s.bytes += size;
+    s.blocks += 1;
+  }
+  auto unreserve = [&] {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.stats[device].bytes -= size;
+    r.stats[device].blocks -= 1;
+  };
+
+  auto a = std::make_shared<Allocation>();
+  a->size = size;
+  a->device = device;
+  if (c.checked) {
+    acme::checked::install_fault_handler();
+    const char* what = "";
+    if (int err = acme::checked::map(size, &a->mapping, &what)) {
+      unreserve();
+      return fail(acmeErrorMemoryAllocation,
+                  "out of memory on device %d: %s failed for %s: %s (checked mode maps each "
+                  "allocation twice; ACME_CHECKED=0 avoids that)",
+                  device, what, HumanSize(size).text, std::strerror(err));
+    }
+    a->base = reinterpret_cast<uintptr_t>(a->mapping.device);
+    a->view = static_cast<char*>(a->mapping.view);
+    a->span = a->mapping.span;
+    // Registered before the pointer is handed out, so a fault on it is reported.
+    a->slot = acme::checked::add(a->base, size, a->span, device);
+    if (a->slot < 0) {
+      unreserve();
+      return fail(acmeErrorMemoryAllocation,
+                  "out of memory on device %d: too many live allocations in checked mode",
+                  device);
+    }
+  } else {
+    // Rounded up because aligned_alloc wants a multiple of the alignment.
+    const size_t rounded = size <= SIZE_MAX - 63 ? (size + 63) & ~size_t{63} : 0;
+    void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+    if (!p) {
+      unreserve();
+      return fail(acmeErrorMemoryAllocation,
+                  "out of memory on device %d: the host could not provide %s", device,
+                  HumanSize(size).text);
+    }
+    a->base = reinterpret_cast<uintptr_t>(p);
+    a->view = static_cast<char*>(p);
+    a->span = size;
+  }
+
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    Registry::Stats& s = r.stats[device];
+    s.peak = std::max(s.peak, s.bytes);
+    r.live.emplace(a->base, a);
+  }
+  *devPtr = reinterpret_cast<void*>(a->base);
+  return acmeSuccess;
+}
+
+acmeError_t acmeMalloc(void** devPtr, size_t size) {
+  return acmeMallocOnDevice(devPtr, size, current_device);
+}
+
+acmeError_t acmeFree(void* devPtr) {
+  if (acmeError_t e = enter()) return e;
+  if (!devPtr) return acmeSuccess;
+  const auto p = reinterpret_cast<uintptr_t>(devPtr);
+  Registry& r = registry();
+  AllocationRef a;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.live.find(p);
+    if (it == r.live.end()) {
+      if (AllocationRef inside = r.containing(p))
+        return fail(acmeErrorInvalidDevicePointer,
+                    "acmeFree(0x%" PRIxPTR "): not the base of an allocation; it lies inside "
+                    "the allocation at 0x%" PRIxPTR " (%zu bytes, device %d)",
+                    p, inside->base, inside->size, inside->device);
+      if (std::find(std::begin(r.freed), std::end(r.freed), p) != std::end(r.freed))
+        return fail(acmeErrorInvalidDevicePointer,
+                    "acmeFree(0x%" PRIxPTR "): double free: this allocation was already freed",
+                    p);
+      return fail(acmeErrorInvalidDevicePointer,
+                  "acmeFree(0x%" PRIxPTR "): not a device pointer (no live acme allocation "
+                  "starts there)",
+                  p);
+    }
+    a = std::move(it->second);
+    r.live.erase(it);
+    r.stats[a->device].bytes -= a->size;
+    r.stats[a->device].blocks -= 1;
+    r.freed[r.freed_next++ % std::size(r.freed)] = p;
+    if (a->slot >= 0) acme::checked::remove(a->slot);  // before the unmap
+  }
+  return acmeSuccess;  // `a` unmaps now, or when the last in-flight copy ends
+}
+
+acmeError_t acmeMemcpy(void* dst, const void* src, size_t count, acmeMemcpyKind kind) {
+  if (acmeError_t e = enter()) return e;
+  if (kind < acmeMemcpyHostToHost || kind > acmeMemcpyDeviceToDevice)
+    return fail(acmeErrorInvalidValue, "acmeMemcpy: invalid kind %d", static_cast<int>(kind));
+  if (count == 0) return acmeSuccess;
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  const auto s = reinterpret_cast<uintptr_t>(src);
+  if (acmeError_t e = check_range(d, count)) return e;
+  if (acmeError_t e = check_range(s, count)) return e;
+  const bool dst_on_device = kind == acmeMemcpyHostToDevice || kind == acmeMemcpyDeviceToDevice;
+  const bool src_on_device = kind == acmeMemcpyDeviceToHost || kind == acmeMemcpyDeviceToDevice;
+
+  char to[64], from[64];
+  std::snprintf(to, sizeof to, "copy of %zu bytes to", count);
+  std::snprintf(from, sizeof from, "copy of %zu bytes from", count);
+  Registry& r = registry();
+  Side dst_side, src_side;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    acmeError_t e =
+        dst_on_device ? resolve_device(r, d, count, to, &dst_side)
+                      : resolve_host(r, d, count, "write it with acmeMemcpyHostToDevice",
+                                     &dst_side);
+    if (e) return e;
+    e = src_on_device
+            ? resolve_device(r, s, count, from, &src_side)
+            : resolve_host(r, s, count, "copy it with acmeMemcpyDeviceToHost", &src_side);
+    if (e) return e;
+  }
+  run_copy(dst_side, src_side, count);
+  return acmeSuccess;
+}
+
+acmeError_t acmeMemset(void* devPtr, int value, size_t count) {
+  if (acmeError_t e = enter()) return e;
+  if (count == 0) return acmeSuccess;
+  const auto p = reinterpret_cast<uintptr_t>(devPtr);
+  if (acmeError_t e = check_range(p, count)) return e;
+  char what[64];
+  std::snprintf(what, sizeof what, "memset of %zu bytes at", count);
+  Registry& r = registry();
+  Side side;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (acmeError_t e = resolve_device(r, p, count, what, &side)) return e;
+  }
+  run_fill(side, value, count);
+  return acmeSuccess;
+}
+
+acmeError_t acmePointerGetAttributes(acmePointerAttributes* attributes, const void* ptr) {
+  if (acmeError_t e = enter()) return e;
+  if (!attributes)
+    return fail(acmeErrorInvalidValue, "acmePointerGetAttributes: attributes is NULL");
+  *attributes = {-1, 0, nullptr, 0};
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (AllocationRef a = r.containing(reinterpret_cast<uintptr_t>(ptr)))
+    *attributes = {a->device, 1, reinterpret_cast<void*>(a->base), a->size};
+  return acmeSuccess;
+}
+
+acmeError_t acmeMemGetInfo(size_t* free, size_t* total) {
+  if (acmeError_t e = enter()) return e;
+  if (!free || !total) return fail(acmeErrorInvalidValue, "acmeMemGetInfo: free or total is NULL");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  *total = config().capacity;
+  *free = *total - r.stats[current_device].bytes;
+  return acmeSuccess;
+}
+
+acmeError_t acmeMemoryStats(int device, size_t* bytesInUse, size_t* blocksInUse,
+                            size_t* peakBytes) {
+  if (acmeError_t e = enter()) return e;
+  if (acmeError_t e = check_device(device)) return e;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const Registry::Stats& s = r.stats[device];
+  if (bytesInUse) *bytesInUse = s.bytes;
+  if (blocksInUse) *blocksInUse = s.blocks;
+  if (peakBytes) *peakBytes = s.peak;
+  return acmeSuccess;
+}
+
+acmeError_t acmeDeviceAccess(void** kernelView, const void* devPtr) {
+  if (acmeError_t e = enter()) return e;
+  if (!kernelView) return fail(acmeErrorInvalidValue, "acmeDeviceAccess: kernelView is NULL");
+  *kernelView = nullptr;
+  if (!devPtr) return acmeSuccess;
+  const auto p = reinterpret_cast<uintptr_t>(devPtr);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  AllocationRef a = r.containing(p);
+  if (!a || p - a->base >= a->size)
+    return fail(acmeErrorInvalidDevicePointer,
+                "acmeDeviceAccess(0x%" PRIxPTR "): not inside a live device allocation", p);
+  *kernelView = a->view + (p - a->base);
+  return acmeSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,28 @@
+"""A stage has exactly the capabilities of the chapters up to it, no more."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capability_probes import PROBES
+from conftest import CHAPTERS, stage_env
+
+PROBE_SCRIPT = Path(__file__).with_name("capability_probes.py")
+
+
+def test_every_chapter_has_a_probe():
+    assert sorted(PROBES) == [c["number"] for c in CHAPTERS]
+
+
+@pytest.mark.parametrize("stage", [c["number"] for c in CHAPTERS], ids=lambda s: f"stage-{s:02d}")
+def test_stage_has_exactly_its_chapters(stage):
+    # A fresh process per stage: one PrivateUse1 backend per process.
+    proc = subprocess.run([sys.executable, str(PROBE_SCRIPT)], env=stage_env(stage),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    present = {int(k): v for k, v in json.loads(proc.stdout.splitlines()[-1]).items()}
+    expected = {c["number"]: c["number"] <= stage for c in CHAPTERS}
+    assert present == expected, f"stage {stage}: {present}\n{proc.stderr}"
