@@ -1,3 +1,4 @@
+//@ ch00
 // Python bindings of the acme vendor runtime. Plain pybind11 over the C API:
 // no PyTorch here, so chapter 0 can drive the device before any integration.
 #include "python/runtime_bindings.h"

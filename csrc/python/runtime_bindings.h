@@ -1,3 +1,4 @@
+//@ ch00
 // Python bindings of the acme vendor runtime (chapter 0 drives the device
 // from Python through these, before any PyTorch integration).
 #pragma once

@@ -1,3 +1,4 @@
+//@ ch00
 // The acme runtime: configuration, devices, the allocation registry, and the
 // checked copies. Checked mode's mappings and fault handler live in
 // checked_memory.cpp.

@@ -1,3 +1,4 @@
+//@ ch00
 /* The acme vendor runtime: a plain C API for the simulated "acme" accelerator,
  * in the spirit of a tiny libcudart. It knows nothing about PyTorch.
  *

@@ -1,3 +1,4 @@
+//@ ch00
 // Checked mode: every allocation is a memfd mapped twice, once PROT_NONE (the
 // device pointer) and once read-write (the device's view), so a host
 // dereference of a device pointer faults. A SIGSEGV handler then says which

@@ -1,3 +1,4 @@
+//@ ch00
 // Checked mode's machinery, private to the runtime: device memory the host
 // cannot touch, and a SIGSEGV report when it does.
 #pragma once
