@@ -6,8 +6,10 @@
 import torch
 
 #< ch01 import-torch
+#> ch00 load-runtime
 from . import _C
-from ._C import runtime
+from ._C import runtime  # the vendor runtime, driven directly (chapter 0)
+#< ch00 load-runtime
 
 #> ch01 device-module
 from . import device
