@@ -1,9 +1,14 @@
 """Sphinx configuration for the Out of Tree site (built by `nox -s site`)."""
 
+import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent / "docs" / "_ext"))
+ROOT = Path(__file__).parent.resolve()
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+# The per-stage kernels (acme-stage-NN) are written into the build folder.
+BUILD = Path(os.environ.get("ACME_BUILD_DIR", ROOT / "_build")).resolve()
+os.environ["JUPYTER_PATH"] = str(BUILD / "jupyter")
 
 project = "Out of Tree"
 author = "Out of Tree"

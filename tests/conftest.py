@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "_build"
+# ACME_BUILD_DIR lets several build folders coexist (e.g. one per engineer).
+BUILD = Path(os.environ.get("ACME_BUILD_DIR", ROOT / "_build")).resolve()
+# The per-stage kernels written by `tools/build_stages.py --kernels` live here.
+os.environ["JUPYTER_PATH"] = str(BUILD / "jupyter")
 CHAPTERS = tomllib.loads((ROOT / "chapters" / "chapters.toml").read_text())["chapter"]
 LAST = CHAPTERS[-1]["number"]
 
@@ -47,10 +50,15 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    final = stage_dir(LAST)
-    if not (final / "src" / "torch_acme" / "_build_info.py").exists():
-        raise pytest.UsageError(f"{final} is not built: run `nox -s tests` (it builds every stage)")
-    sys.path.insert(0, str(final / "src"))
+    # The newest stage under test is the one this process imports.
+    newest = stage_dir(config.getoption("--upto"))
+    if not (newest / "src" / "torch_acme" / "_build_info.py").exists():
+        raise pytest.UsageError(f"{newest} is not built: run `nox -s tests` (it builds every stage)")
+    sys.path.insert(0, str(newest / "src"))
+
+
+def built_stages(config) -> list[int]:
+    return [c["number"] for c in CHAPTERS if c["number"] <= config.getoption("--upto")]
 
 
 @pytest.fixture

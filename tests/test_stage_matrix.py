@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from capability_probes import PROBES
-from conftest import CHAPTERS, stage_env
+from conftest import CHAPTERS, built_stages, stage_env
 
 PROBE_SCRIPT = Path(__file__).with_name("capability_probes.py")
 
@@ -17,7 +17,12 @@ def test_every_chapter_has_a_probe():
     assert sorted(PROBES) == [c["number"] for c in CHAPTERS]
 
 
-@pytest.mark.parametrize("stage", [c["number"] for c in CHAPTERS], ids=lambda s: f"stage-{s:02d}")
+def pytest_generate_tests(metafunc):
+    if "stage" in metafunc.fixturenames:
+        stages = built_stages(metafunc.config)
+        metafunc.parametrize("stage", stages, ids=[f"stage-{s:02d}" for s in stages])
+
+
 def test_stage_has_exactly_its_chapters(stage):
     # A fresh process per stage: one PrivateUse1 backend per process.
     proc = subprocess.run([sys.executable, str(PROBE_SCRIPT)], env=stage_env(stage),

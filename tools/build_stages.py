@@ -155,9 +155,13 @@ def snapshot_digest(stage_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def install_kernel(number: int, stage_dir: Path) -> None:
-    """A Jupyter kernel per stage, so a chapter can only run against its own build."""
-    kernel_dir = Path(sys.prefix) / "share" / "jupyter" / "kernels" / f"acme-stage-{number:02d}"
+def install_kernel(number: int, stage_dir: Path, out: Path) -> None:
+    """A Jupyter kernel per stage, so a chapter can only run against its own build.
+
+    The kernels live in the build folder (found through JUPYTER_PATH=<out>/jupyter),
+    so two build folders never overwrite each other's kernels.
+    """
+    kernel_dir = out / "jupyter" / "kernels" / f"acme-stage-{number:02d}"
     kernel_dir.mkdir(parents=True, exist_ok=True)
     spec = {
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
@@ -206,7 +210,7 @@ def build(upto: int | None, out: Path, kernels: bool, jobs: int) -> list[Path]:
             f"STAGE = {number}\nSOURCE_DIGEST = {snapshot_digest(stage_dir)!r}\n",
         )
         if kernels:
-            install_kernel(number, stage_dir)
+            install_kernel(number, stage_dir, out)
     return [d for _, d in stage_dirs]
 
 
@@ -214,7 +218,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upto", type=int, default=None, help="last stage to build")
     parser.add_argument("--out", type=Path, default=ROOT / "_build")
-    parser.add_argument("--kernels", action="store_true", help="install a Jupyter kernel per stage")
+    parser.add_argument("--kernels", action="store_true", help="write a Jupyter kernel per stage into OUT/jupyter")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args()
     build(args.upto, args.out.resolve(), args.kernels, args.jobs)

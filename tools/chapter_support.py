@@ -13,6 +13,7 @@ import os
 import runpy
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 
@@ -41,11 +42,23 @@ def at_stage(number: int, code: str) -> subprocess.CompletedProcess:
 
 
 def last_error() -> BaseException:
-    """The exception the previous cell raised (and forget it, so it is never reused)."""
+    """The exception the previous cell raised (and forget it, so it is never reused).
+
+    The traceback is dropped too: its frames would keep the failing call's
+    tensors (and their device memory) alive.
+    """
     error = getattr(sys, "last_value", None)
     assert error is not None, "the previous cell did not raise"
     del sys.last_value
-    return error
+    # IPython keeps its own reference to the traceback (for %debug): empty the
+    # frames themselves, so no failed call's locals outlive the cell.
+    traceback.clear_frames(error.__traceback__)
+    sys.last_traceback = sys.last_type = None
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    if shell is not None:
+        shell.InteractiveTB.tb = None
+        shell._last_traceback = None
+    return error.with_traceback(None)
 
 
 def check_no_leaks() -> None:

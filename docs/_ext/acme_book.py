@@ -12,6 +12,7 @@ before Sphinx runs; a missing file is an error, never an empty page.
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from sphinx.errors import ExtensionError
 from sphinx.util.docutils import SphinxDirective
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD = ROOT / "_build"
+BUILD = Path(os.environ.get("ACME_BUILD_DIR", ROOT / "_build")).resolve()
 
 
 def chapters() -> list[dict]:
@@ -85,7 +86,9 @@ class StageDirective(SphinxDirective):
         para += nodes.Text(". The clean source snapshot is written to ")
         para += nodes.literal(text=f"_build/stages/stage-{number:02d}/")
         para += nodes.Text(". ")
-        target = f"/_build/notebooks/{notebook_name(chapter)}.ipynb"
+        notebook = BUILD / "notebooks" / f"{notebook_name(chapter)}.ipynb"
+        doc_dir = Path(self.env.doc2path(self.env.docname)).parent
+        target = os.path.relpath(notebook, doc_dir)
         link = addnodes.download_reference("", "", refdoc=self.env.docname, refdomain="",
                                            reftype="download", refexplicit=True,
                                            reftarget=target)

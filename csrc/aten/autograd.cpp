@@ -1,0 +1,45 @@
+//@ ch03
+// A backend's own autograd for one op. PyTorch's derivative formulas already
+// work on acme (they are ordinary ops); a vendor overrides one when it has a
+// better backward, e.g. a fused kernel or one that saves less memory.
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/tanh.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+namespace acme {
+
+//> ch03 tanh-function
+// tanh's backward computed from the saved *output*: d tanh(x)/dx = 1 - tanh(x)^2,
+// so the input need not be kept alive for the backward pass.
+struct AcmeTanh : torch::autograd::Function<AcmeTanh> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    // Run the device kernel below autograd; without this guard at::tanh would
+    // dispatch straight back to this function.
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    at::Tensor y = at::tanh(x);
+    ctx->save_for_backward({y});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor y = ctx->get_saved_variables()[0];
+    return {grads[0] * (1 - y * y)};
+  }
+};
+//< ch03 tanh-function
+
+//> ch03 register
+at::Tensor tanh_with_acme_autograd(const at::Tensor& x) { return AcmeTanh::apply(x); }
+
+// AutogradPrivateUse1 sits above PrivateUse1: a kernel here decides what the
+// backward graph records. A kernel at PrivateUse1 only computes the forward,
+// and PyTorch's own formula (TanhBackward0) would still be recorded.
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("tanh", TORCH_FN(tanh_with_acme_autograd));
+}
+//< ch03 register
+
+}  // namespace acme

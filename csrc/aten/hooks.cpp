@@ -1,0 +1,86 @@
+//@ ch03
+// The PrivateUse1 hooks: PyTorch's generic questions about an accelerator
+// ("is it available?", "which device is current?"). The autograd engine asks
+// them before it runs a backward pass on the device, so backward() needs them.
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/DeviceType.h>
+//> ch05 hooks-generator-includes
+#include "aten/generator.h"
+//< ch05 hooks-generator-includes
+
+#include "aten/acme_check.h"
+
+namespace acme {
+namespace {
+
+struct AcmeHooks final : at::PrivateUse1HooksInterface {
+  // Both must never throw: PyTorch calls them just to find out.
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return deviceCount() > 0; }
+
+  c10::DeviceIndex deviceCount() const override {
+    int count = 0;
+    return acmeGetDeviceCount(&count) == acmeSuccess ? static_cast<c10::DeviceIndex>(count) : 0;
+  }
+
+  // acme needs no per-device context: a valid device is always ready.
+  bool hasPrimaryContext(c10::DeviceIndex device) const override {
+    return device >= 0 && device < deviceCount();
+  }
+
+  void init() const override {}
+
+  c10::DeviceIndex getCurrentDevice() const override {
+    int device = 0;
+    ACME_CHECK(acmeGetDevice(&device));
+    return static_cast<c10::DeviceIndex>(device);
+  }
+
+  void setCurrentDevice(c10::DeviceIndex device) const override {
+    ACME_CHECK(acmeSetDevice(device));
+  }
+
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    const c10::DeviceIndex previous = getCurrentDevice();
+    if (device != previous) setCurrentDevice(device);
+    return previous;
+  }
+
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
+    return exchangeDevice(device);
+  }
+
+  at::Device getDeviceFromPtr(void* data) const override {
+    acmePointerAttributes attributes{};
+    ACME_CHECK(acmePointerGetAttributes(&attributes, data));
+    TORCH_CHECK(attributes.isDevice, "acme: ", data, " is not acme device memory");
+    return {c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(attributes.device)};
+  }
+//> ch05 hooks-generator
+
+  // The current route for random numbers (PyTorch 2.13): default and new
+  // generators come from the hooks.
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device) const override {
+    return default_generator(device);
+  }
+
+  at::Generator getNewGenerator(c10::DeviceIndex device) const override {
+    return new_generator(device);
+  }
+//< ch05 hooks-generator
+};
+
+// Registered when the library loads, like every other registration here.
+const bool registered = [] {
+//> ch03 backend-name
+  // PyTorch only believes an accelerator is present (torch.accelerator, the
+  // autograd engine's device threads) once the PrivateUse1 backend is
+  // registered by name, even under its default name.
+  c10::register_privateuse1_backend("privateuseone");
+//< ch03 backend-name
+  at::RegisterPrivateUse1HooksInterface(new AcmeHooks());
+  return true;
+}();
+
+}  // namespace
+}  // namespace acme
