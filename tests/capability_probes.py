@@ -9,6 +9,14 @@ import json
 import sys
 
 
+def device(index=None):
+    """The backend's device string: "privateuseone" until chapter 8 renames it."""
+    import torch
+
+    name = torch._C._get_privateuse1_backend_name()
+    return name if index is None else f"{name}:{index}"
+
+
 def ch00_runtime():
     from torch_acme import runtime
 
@@ -24,7 +32,7 @@ def ch01_minimal_ops():
     import torch_acme  # noqa: F401
 
     host = torch.arange(6.0).reshape(2, 3)
-    return torch.equal(host.to("privateuseone").t().cpu(), host.t())
+    return torch.equal(host.to(device()).t().cpu(), host.t())
 
 
 def ch02_cpu_fallback():
@@ -32,7 +40,7 @@ def ch02_cpu_fallback():
     import torch_acme  # noqa: F401
 
     host = torch.arange(6.0)
-    return torch.equal(torch.sin(host.to("privateuseone")).cpu(), torch.sin(host))
+    return torch.equal(torch.sin(host.to(device())).cpu(), torch.sin(host))
 
 
 def ch03_autograd():
@@ -40,7 +48,7 @@ def ch03_autograd():
     import torch_acme  # noqa: F401
 
     # backward() on the device needs the hooks, and tanh's autograd is acme's own.
-    x = torch.tensor([0.5, -1.0], device="privateuseone", requires_grad=True)
+    x = torch.tensor([0.5, -1.0], device=device(), requires_grad=True)
     y = torch.tanh(x)
     y.sum().backward()
     expected = 1 - torch.tanh(torch.tensor([0.5, -1.0])) ** 2
@@ -51,8 +59,8 @@ def ch04_autocast():
     import torch
     import torch_acme  # noqa: F401
 
-    a = torch.ones(2, 2, device="privateuseone")
-    with torch.autocast(device_type="privateuseone", dtype=torch.bfloat16):
+    a = torch.ones(2, 2, device=device())
+    with torch.autocast(device_type=device(), dtype=torch.bfloat16):
         low = torch.mm(a, a)
         high = torch.softmax(a.to(torch.bfloat16), dim=0)
     return low.dtype == torch.bfloat16 and high.dtype == torch.float32
@@ -63,16 +71,70 @@ def ch05_generator():
     import torch_acme  # noqa: F401
 
     # A device generator that honours its seed, through a native random kernel.
-    g = torch.Generator(device="privateuseone")
+    g = torch.Generator(device=device())
     g.manual_seed(7)
-    first = torch.empty(8, device="privateuseone").uniform_(generator=g).cpu()
+    first = torch.empty(8, device=device()).uniform_(generator=g).cpu()
     g.manual_seed(7)
-    second = torch.empty(8, device="privateuseone").uniform_(generator=g).cpu()
-    return g.device.type == "privateuseone" and torch.equal(first, second)
+    second = torch.empty(8, device=device()).uniform_(generator=g).cpu()
+    return g.device.type == device() and torch.equal(first, second)
+
+
+def ch06_device_guard():
+    import torch
+    import torch_acme  # noqa: F401
+
+    # Streams and timed events on device 1; mixing devices in one op is refused.
+    stream = torch.Stream(device=device(1))
+    start, end = torch.Event(device=device(1), enable_timing=True), torch.Event(device=device(1), enable_timing=True)
+    start.record(stream)
+    end.record(stream)
+    end.synchronize()
+    timed = start.elapsed_time(end) >= 0
+    try:
+        torch.ones(2, device=device(0)) + torch.ones(2, device=device(1))
+        refused = False
+    except RuntimeError:
+        refused = True
+    return stream.device_index == 1 and timed and refused
+
+
+def ch07_serialization():
+    import io
+
+    import torch
+    import torch_acme  # noqa: F401
+
+    t = torch.arange(6.0).to(device())
+    torch.ops.acme.set_backend_meta(t, 7)
+    buffer = io.BytesIO()
+    torch.save({"t": t, "view": t[2:]}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    return (loaded["t"].device.type == device() and torch.equal(loaded["t"].cpu(), t.cpu())
+            and torch.ops.acme.get_backend_meta(loaded["t"]) == 7
+            and loaded["view"].untyped_storage().data_ptr() == loaded["t"].untyped_storage().data_ptr())
+
+
+def ch08_renaming():
+    import torch
+    import torch_acme  # noqa: F401
+
+    t = torch.ones(2, device="acme:1")
+    return str(t.device) == "acme:1" and torch.acme.device_count() >= 2
+
+
+def ch09_generated_methods():
+    import torch
+    import torch_acme  # noqa: F401
+
+    t = torch.ones(2).acme()
+    layer = torch.nn.Linear(2, 2).acme()
+    return t.is_acme and layer.weight.is_acme and torch.ones(2).untyped_storage().acme().is_acme
 
 
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
-          4: ch04_autocast, 5: ch05_generator}
+          4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
+          8: ch08_renaming, 9: ch09_generated_methods}
 
 
 def main():

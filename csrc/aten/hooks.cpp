@@ -72,12 +72,13 @@ struct AcmeHooks final : at::PrivateUse1HooksInterface {
 
 // Registered when the library loads, like every other registration here.
 const bool registered = [] {
-//> ch03 backend-name
-  // PyTorch only believes an accelerator is present (torch.accelerator, the
-  // autograd engine's device threads) once the PrivateUse1 backend is
-  // registered by name, even under its default name.
-  c10::register_privateuse1_backend("privateuseone");
-//< ch03 backend-name
+  //> ch03 backend-name < ch08 -
+  // // PyTorch only believes an accelerator is present (torch.accelerator, the
+  // // autograd engine's device threads) once the PrivateUse1 backend is
+  // // registered by name, even under its default name. (From chapter 8 on the
+  // // Python package registers the real name, before this library loads.)
+  // c10::register_privateuse1_backend("privateuseone");
+  //< ch03 backend-name
   at::RegisterPrivateUse1HooksInterface(new AcmeHooks());
   return true;
 }();

@@ -6,6 +6,13 @@
 import torch
 
 #< ch01 import-torch
+#> ch08 name
+# The one place that names the device. A process can rename PrivateUse1 once,
+# and must do it first: rename, then register the module, then create tensors.
+DEVICE_NAME = "acme"
+torch.utils.rename_privateuse1_backend(DEVICE_NAME)
+
+#< ch08 name
 #> ch00 load-runtime
 from . import _C
 from ._C import runtime  # the vendor runtime, driven directly (chapter 0)
@@ -14,11 +21,32 @@ from ._C import runtime  # the vendor runtime, driven directly (chapter 0)
 #> ch01 device-module
 from . import device
 
-# PyTorch looks up `torch.privateuseone` whenever it creates a tensor on the device.
-torch._register_device_module("privateuseone", device)
+#> ch01 register-module < ch08 register-named
+# # PyTorch looks up `torch.privateuseone` whenever it creates a tensor on the device.
+# torch._register_device_module("privateuseone", device)
+#< ch01 register-module
+#> ch08 register-named
+# PyTorch looks up `torch.acme` whenever it creates a tensor on the device.
+torch._register_device_module(DEVICE_NAME, device)
+#< ch08 register-named
+#> ch09 generated-methods
+
+# acme's (simulated) hardware has no 8-bit float units: storages of these
+# dtypes are refused by storage.acme() with a clear error.
+UNSUPPORTED_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+# t.acme(), t.is_acme, module.acme(), storage.acme(), storage.is_acme,
+# packed_sequence.acme(): the conveniences torch.cuda users reach for.
+torch.utils.generate_methods_for_privateuse1_backend(
+    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True,
+    unsupported_dtype=UNSUPPORTED_DTYPES)
+#< ch09 generated-methods
 #< ch01 device-module
 
 __all__ = [
+#> ch08 name-export
+    "DEVICE_NAME",
+#< ch08 name-export
     "runtime",
 #> ch01 device-module-export
     "device",
