@@ -4,9 +4,14 @@
 // better backward, e.g. a fused kernel or one that saves less memory.
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/tanh.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
+
+#include "aten/autograd.h"
+#include "runtime/acme_runtime.h"
 
 namespace acme {
 
@@ -41,5 +46,27 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("tanh", TORCH_FN(tanh_with_acme_autograd));
 }
 //< ch03 register
+
+//> ch03 drain
+// Works around an upstream race at interpreter exit: the autograd engine runs
+// acme backwards on a thread per device, and that thread may drop the last
+// reference to a finished graph (and the Python tensors in it) while Python is
+// finalizing; it then cannot take the GIL and the process aborts ("terminate
+// called without an active exception"). A device thread serves its queue in
+// order and releases each graph before taking the next task, so one tiny
+// backward per device, run at exit from tensors without Python objects, waits
+// until every earlier graph is gone.
+void drain_autograd_device_threads() {
+  int count = 0;
+  if (acmeGetDeviceCount(&count) != acmeSuccess) return;
+  for (int device = 0; device < count; ++device) {
+    // Only ops with acme kernels of their own (empty, view, copy): nothing
+    // falls back to the CPU, so nothing warns at exit.
+    const auto options = at::TensorOptions().device(c10::DeviceType::PrivateUse1, device);
+    const at::Tensor x = at::empty({1}, options).requires_grad_();
+    torch::autograd::backward({x.view({1})}, {at::empty({1}, options)});
+  }
+}
+//< ch03 drain
 
 }  // namespace acme

@@ -3,9 +3,25 @@
 #include <pybind11/pybind11.h>
 
 #include "python/runtime_bindings.h"
+//> ch03 bind-drain-include
+#include "aten/autograd.h"
+//< ch03 bind-drain-include
+//> ch04 bind-autocast-include
+#include "python/autocast_bindings.h"
+//< ch04 bind-autocast-include
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native part of torch_acme: runtime bindings and the torch glue.";
   auto runtime = m.def_submodule("runtime", "The acme vendor runtime, driven directly.");
   acme_bind_runtime(runtime);
+//> ch03 bind-drain
+  // The GIL is released: the device threads may need it to free Python tensors.
+  m.def("_drain_autograd_threads", &acme::drain_autograd_device_threads,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "Wait until acme's autograd threads have released every finished graph.");
+//< ch03 bind-drain
+//> ch04 bind-autocast
+  auto autocast = m.def_submodule("autocast", "acme's autocast policies, as registered.");
+  acme_bind_autocast(autocast);
+//< ch04 bind-autocast
 }

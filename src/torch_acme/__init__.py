@@ -17,6 +17,13 @@ torch.utils.rename_privateuse1_backend(DEVICE_NAME)
 from . import _C
 from ._C import runtime  # the vendor runtime, driven directly (chapter 0)
 #< ch00 load-runtime
+#> ch03 drain-at-exit
+import atexit
+
+# See csrc/aten/autograd.cpp: without this, a script that ends right after a
+# backward() on acme can abort at exit (an upstream race in PyTorch).
+atexit.register(_C._drain_autograd_threads)
+#< ch03 drain-at-exit
 
 #> ch01 device-module
 from . import device

@@ -1,0 +1,333 @@
+//@ ch05
+// Random kernels that run on the device and draw from the acme generator.
+// Element i of an op reads Philox counter block `first + i` of the range the
+// op reserved, so the numbers depend on the seed, the offset and the element's
+// index, never on the tensor's layout or on how the work is split.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/MathConstants.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+#include "aten/acme_check.h"
+#include "aten/generator.h"
+
+namespace acme {
+namespace {
+
+//> ch05 launch
+// The generator an op uses: its generator= argument, or the default generator
+// of the device the tensor lives on. A CPU generator is refused here.
+AcmeGeneratorImpl* generator_for(const std::optional<at::Generator>& gen, c10::Device device) {
+  return at::get_generator_or_default<AcmeGeneratorImpl>(gen, default_generator(device.index()));
+}
+
+// Reserving the counter range is the only step that touches shared state, so
+// it is the only step under the generator's lock; the kernel runs without it.
+PhiloxRange reserve(const std::optional<at::Generator>& gen, c10::Device device, uint64_t blocks) {
+  AcmeGeneratorImpl* generator = generator_for(gen, device);
+  const std::lock_guard<std::mutex> lock(generator->mutex_);
+  return generator->reserve(blocks);
+}
+
+// The address at which a device kernel reads and writes a tensor's data.
+template <typename T>
+T* device_view(const at::Tensor& t) {
+  void* view = nullptr;
+  ACME_CHECK(acmeDeviceAccess(&view, t.const_data_ptr()));
+  return static_cast<T*>(view);
+}
+
+// "Launches" a kernel over `self`: out[i] = sample(i, counter block first + i).
+// The kernel writes a contiguous buffer; a strided `self` gets a contiguous
+// temporary that copy_ then scatters into it.
+template <typename scalar_t, typename Sample>
+void launch(const at::Tensor& self, const std::optional<at::Generator>& gen, Sample sample) {
+  at::assert_no_internal_overlap(self);  // expanded tensors: one element, many places
+  const int64_t n = self.numel();
+  if (n == 0) return;
+  const PhiloxRange range = reserve(gen, self.device(), static_cast<uint64_t>(n));
+  const bool direct = self.is_contiguous();
+  const at::Tensor dense = direct ? self : at::empty(self.sizes(), self.options());
+  scalar_t* out = device_view<scalar_t>(dense);
+  // The device's threads: any split gives the same numbers.
+  at::parallel_for(0, n, /*grain_size=*/1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      out[i] = sample(i, philox_block(range.seed, range.first + static_cast<uint64_t>(i)));
+    }
+  });
+  if (!direct) self.copy_(dense);
+}
+//< ch05 launch
+
+//> ch05 bits
+// Random bits to numbers.
+uint64_t bits64(const PhiloxBlock& b, int first = 0) {
+  return static_cast<uint64_t>(b[first]) << 32 | b[first + 1];
+}
+
+// k / 2^53 with k uniform in [0, 2^53): a double in [0, 1).
+double uniform53(const PhiloxBlock& b, int first = 0) {
+  return std::ldexp(static_cast<double>(bits64(b, first) >> 11), -53);
+}
+
+// k / 2^digits, as many bits as scalar_t's mantissa holds: exactly
+// representable in scalar_t, so torch.rand never rounds up to 1.
+template <typename scalar_t>
+double unit(const PhiloxBlock& b) {
+  constexpr int digits = std::numeric_limits<scalar_t>::digits;
+  return std::ldexp(static_cast<double>(bits64(b) >> (64 - digits)), -digits);
+}
+
+// Box-Muller: two uniforms make one standard normal (its sine twin is dropped
+// so that every element stays a function of its own block).
+double standard_normal(const PhiloxBlock& b) {
+  const double u1 = 1.0 - uniform53(b, 0);  // (0, 1]: the log stays finite
+  const double u2 = uniform53(b, 2);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * c10::pi<double> * u2);
+}
+
+// The largest scalar_t below v, when rounding lands a sample on `to`.
+template <typename scalar_t>
+scalar_t next_below(scalar_t v) {
+  if constexpr (std::is_floating_point_v<scalar_t>) {
+    return std::nextafter(v, -std::numeric_limits<scalar_t>::infinity());
+  } else {  // Half and BFloat16: 16-bit sign-magnitude patterns
+    const bool negative = (v.x & 0x8000) != 0;
+    v.x = v.x == 0 ? 0x8001 : negative ? v.x + 1 : v.x - 1;
+    return v;
+  }
+}
+//< ch05 bits
+
+//> ch05 uniform-normal
+at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at::Generator> gen) {
+  TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=",
+              from, " > to=", to);
+  TORCH_CHECK(std::isfinite(to - from), "uniform_ expects a finite range, but found from=",
+              from, " and to=", to);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "acme uniform_", [&] {
+    launch<scalar_t>(self, gen, [from, to](int64_t, const PhiloxBlock& b) {
+      const auto v = static_cast<scalar_t>(from + (to - from) * unit<scalar_t>(b));
+      return from < to && static_cast<double>(v) >= to ? next_below(v) : v;  // [from, to)
+    });
+  });
+  return self;
+}
+
+at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at::Generator> gen) {
+  TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "acme normal_", [&] {
+    launch<scalar_t>(self, gen, [mean, std](int64_t, const PhiloxBlock& b) {
+      return static_cast<scalar_t>(mean + std * standard_normal(b));
+    });
+  });
+  return self;
+}
+//< ch05 uniform-normal
+
+//> ch05 random-ints
+// The integers a dtype holds exactly: floats hold every integer up to
+// 2^digits, integral types their whole range.
+std::pair<int64_t, int64_t> exact_integers(at::ScalarType type) {
+  if (type == at::kBool) return {0, 1};
+  std::pair<int64_t, int64_t> range;
+  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, type, "acme random_", [&] {
+    if constexpr (std::numeric_limits<scalar_t>::is_integer) {
+      range = {std::numeric_limits<scalar_t>::lowest(), std::numeric_limits<scalar_t>::max()};
+    } else {
+      constexpr int64_t limit = int64_t{1} << std::numeric_limits<scalar_t>::digits;
+      range = {-limit, limit};
+    }
+  });
+  return range;
+}
+
+// Integers uniform in [from, last]. A 64-bit draw modulo the span: its bias is
+// below span / 2^64, far below what any test of a tensor could see.
+at::Tensor& random_between(at::Tensor& self, int64_t from, int64_t last,
+                           const std::optional<at::Generator>& gen) {
+  const auto [lowest, highest] = exact_integers(self.scalar_type());
+  TORCH_CHECK(from >= lowest && last <= highest, "random_: [", from, ", ", last,
+              "] is out of bounds for ", self.scalar_type(), ", which holds the integers [",
+              lowest, ", ", highest, "] exactly");
+  const uint64_t span = static_cast<uint64_t>(last) - static_cast<uint64_t>(from) + 1;  // 0: 2^64
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "acme random_", [&] {
+    launch<scalar_t>(self, gen, [from, span](int64_t, const PhiloxBlock& b) {
+      const uint64_t k = span == 0 ? bits64(b) : bits64(b) % span;
+      return static_cast<scalar_t>(static_cast<int64_t>(static_cast<uint64_t>(from) + k));
+    });
+  });
+  return self;
+}
+
+// random_(): every integer the dtype holds from 0 up.
+at::Tensor& random_(at::Tensor& self, std::optional<at::Generator> gen) {
+  return random_between(self, 0, exact_integers(self.scalar_type()).second, gen);
+}
+
+at::Tensor& random_from(at::Tensor& self, int64_t from, std::optional<int64_t> to,
+                        std::optional<at::Generator> gen) {
+  if (!to) return random_between(self, from, exact_integers(self.scalar_type()).second, gen);
+  TORCH_CHECK(from < *to, "random_ expects 'from' to be less than 'to', but got from=", from,
+              " >= to=", *to);
+  return random_between(self, from, *to - 1, gen);
+}
+
+at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator> gen) {
+  return random_from(self, 0, to, gen);
+}
+//< ch05 random-ints
+
+//> ch05 bernoulli
+at::Tensor& bernoulli_scalar_(at::Tensor& self, double p, std::optional<at::Generator> gen) {
+  TORCH_CHECK(p >= 0 && p <= 1, "bernoulli_ expects p to be in [0, 1], but got p=", p);
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "acme bernoulli_", [&] {
+    launch<scalar_t>(self, gen, [p](int64_t, const PhiloxBlock& b) {
+      return static_cast<scalar_t>(uniform53(b) < p);
+    });
+  });
+  return self;
+}
+
+at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p, std::optional<at::Generator> gen) {
+  TORCH_CHECK(at::is_expandable_to(p.sizes(), self.sizes()), "bernoulli_: p of shape ", p.sizes(),
+              " cannot be broadcast to the shape of self, ", self.sizes());
+  // p broadcast to self's shape, as float64, in a dense device buffer the
+  // kernel reads by element index (copy_ broadcasts and converts).
+  at::Tensor probs = at::empty(self.sizes(), self.options().dtype(at::kDouble));
+  probs.copy_(p);
+  const double* pv = device_view<double>(probs);
+  for (int64_t i = 0; i < probs.numel(); ++i) {  // a validation pass, on the device's view
+    TORCH_CHECK(pv[i] >= 0 && pv[i] <= 1,
+                "bernoulli_ expects all elements of p to be in [0, 1], but found ", pv[i]);
+  }
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "acme bernoulli_", [&] {
+    launch<scalar_t>(self, gen, [pv](int64_t i, const PhiloxBlock& b) {
+      return static_cast<scalar_t>(uniform53(b) < pv[i]);
+    });
+  });
+  return self;
+}
+
+// torch.bernoulli(p, out=...); torch.bernoulli(p) itself is composite in ATen
+// and reaches bernoulli_.Tensor above.
+at::Tensor& bernoulli_out(const at::Tensor& p, std::optional<at::Generator> gen, at::Tensor& out) {
+  out.resize_(p.sizes());
+  return bernoulli_tensor_(out, p, gen);
+}
+//< ch05 bernoulli
+
+//> ch05 dropout
+// F.dropout in training mode: one kernel draws the mask and scales the kept
+// elements by 1 / (1 - p). The mask is saved for backward, which is
+// deterministic and may run anywhere.
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
+                                                  std::optional<bool> train) {
+  TORCH_CHECK(p >= 0 && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
+  at::Tensor output = at::empty(input.sizes(), input.options());
+  at::Tensor mask = at::empty(input.sizes(), input.options().dtype(at::kBool));
+  if (train.has_value() && !*train) {  // evaluation: identity, everything kept
+    output.copy_(input);
+    if (mask.numel() > 0) ACME_CHECK(acmeMemset(mask.data_ptr(), 1, mask.nbytes()));
+    return {output, mask};
+  }
+  const at::Tensor dense_input = input.contiguous();
+  const double keep = 1.0 - p;
+  const double scale = keep == 0.0 ? 0.0 : 1.0 / keep;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "acme native_dropout", [&] {
+    const scalar_t* x = device_view<scalar_t>(dense_input);
+    bool* kept = device_view<bool>(mask);
+    launch<scalar_t>(output, std::nullopt, [=](int64_t i, const PhiloxBlock& b) {
+      kept[i] = uniform53(b) < keep;
+      return static_cast<scalar_t>(static_cast<double>(x[i]) * (kept[i] ? scale : 0.0));
+    });
+  });
+  return {output, mask};
+}
+//< ch05 dropout
+
+//> ch05 seeded-fallback
+// The long tail (randperm, multinomial, exponential_...) still runs on the
+// CPU, but never on the CPU's default generator: each call draws a 64-bit
+// seed from the acme generator and hands the CPU kernel a fresh CPU generator
+// seeded with it. The op then follows the acme seed and generator= argument,
+// and leaves torch's CPU stream alone.
+void warn_once(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static std::unordered_set<std::string> warned;
+  const std::string name = c10::toString(op.schema().operator_name());
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(name).second) return;
+  }
+  TORCH_WARN("acme: ", name, " has no acme kernel and runs on the CPU, with a CPU ",
+             "generator seeded from the acme generator.");
+}
+
+void seeded_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto args = stack->end() - static_cast<std::ptrdiff_t>(schema.arguments().size());
+  std::optional<c10::Device> device;  // that of the first acme tensor argument
+  for (auto it = args; it != stack->end() && !device; ++it) {
+    if (it->isTensor() && it->toTensor().defined() &&
+        it->toTensor().device().type() == c10::DeviceType::PrivateUse1) {
+      device = it->toTensor().device();
+    }
+  }
+  const auto slot = schema.argumentIndexWithName("generator");
+  TORCH_INTERNAL_ASSERT(device && slot, "acme: ", schema.operator_name(),
+                        " is not a random op on an acme tensor");
+  c10::IValue& generator = args[static_cast<std::ptrdiff_t>(*slot)];
+  std::optional<at::Generator> given;
+  if (!generator.isNone()) given = generator.toGenerator();
+  const PhiloxRange range = reserve(given, *device, 1);
+  generator = at::detail::createCPUGenerator(bits64(philox_block(range.seed, range.first)));
+  warn_once(op);
+  at::native::cpu_fallback(op, stack);
+}
+//< ch05 seeded-fallback
+
+}  // namespace
+}  // namespace acme
+
+//> ch05 register
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("uniform_", TORCH_FN(acme::uniform_));
+  m.impl("normal_", TORCH_FN(acme::normal_));
+  m.impl("random_", TORCH_FN(acme::random_));
+  m.impl("random_.from", TORCH_FN(acme::random_from));
+  m.impl("random_.to", TORCH_FN(acme::random_to));
+  m.impl("bernoulli_.float", TORCH_FN(acme::bernoulli_scalar_));
+  m.impl("bernoulli_.Tensor", TORCH_FN(acme::bernoulli_tensor_));
+  m.impl("bernoulli.out", TORCH_FN(acme::bernoulli_out));
+  m.impl("native_dropout", TORCH_FN(acme::native_dropout));
+}
+//< ch05 register
+
+//> ch05 register-seeded
+// Every aten op with a Generator argument that would otherwise reach the
+// global CPU fallback (the composite ones, such as rand or randint, end in
+// the kernels above).
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* name :
+       {"exponential_", "cauchy_", "log_normal_", "geometric_", "normal.Tensor_float",
+        "normal.Tensor_float_out", "normal.float_Tensor", "normal.float_Tensor_out",
+        "normal.Tensor_Tensor", "normal.Tensor_Tensor_out", "randperm.generator_out",
+        "multinomial", "multinomial.out", "poisson", "binomial", "_standard_gamma",
+        "_sample_dirichlet", "rrelu_with_noise", "rrelu_with_noise_", "rrelu_with_noise.out"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&acme::seeded_cpu_fallback>());
+  }
+}
+//< ch05 register-seeded
