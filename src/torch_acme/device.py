@@ -24,17 +24,223 @@ def set_device(device) -> None:
     runtime.set_device(_index(device))
 
 
+#> ch01 synchronize < ch06 synchronize
+# def synchronize(device=None) -> None:
+#     runtime.synchronize()
+#< ch01 synchronize
+#> ch06 synchronize
 def synchronize(device=None) -> None:
-    runtime.synchronize()
+    """Waits for all work on every stream of `device` (default: the current one)."""
+    previous = runtime.current_device()
+    runtime.set_device(_index_or_current(device))
+    try:
+        runtime.synchronize()
+    finally:
+        runtime.set_device(previous)
+#< ch06 synchronize
 
 
+#> ch06 stream-helpers
+# Streams as torch.cuda users know them. torch.Stream and torch.accelerator
+# reach acme through its device guard; these helpers only name the device.
+
+def current_stream(device=None):
+    """This thread's current stream on `device` (default: the current device)."""
+    import torch
+
+    return torch.accelerator.current_stream(_index_or_current(device))
+
+
+def default_stream(device=None):
+    """The default stream of `device`: the one every thread starts with."""
+    import torch
+
+    index = _index_or_current(device)
+    kind = torch.accelerator.current_stream(index).device_type
+    return torch.Stream(stream_id=0, device_index=index, device_type=kind)
+
+
+def set_stream(stream) -> None:
+    """Makes `stream` current on its device (and its device current), on this thread."""
+    import torch
+
+    torch.accelerator.set_stream(stream)
+
+
+def stream(stream):
+    """``with stream(s):`` runs the block with `s` current; ``stream(None)`` does nothing."""
+    import contextlib
+
+    return contextlib.nullcontext() if stream is None else stream
+
+
+def _index_or_current(device) -> int:
+    return current_device() if device is None else _index(device)
+
+
+#< ch06 stream-helpers
+#> ch04 amp
+def get_amp_supported_dtype() -> list:
+    """The dtypes ``torch.autocast`` accepts for acme devices.
+
+    PyTorch 2.13 asks the device module for exactly this and nothing else; the
+    list comes from the same C++ table the autocast kernels check against.
+    """
+    import torch
+
+    from ._C import autocast
+
+    return [getattr(torch, name) for name in autocast.lower_precision_dtypes()]
+
+
+#< ch04 amp
 def _index(device) -> int:
-    """Accepts 1, "privateuseone:1" or torch.device("privateuseone", 1)."""
+    """Accepts 1, "privateuseone:1" or torch.device("privateuseone", 1) (acme from chapter 8)."""
     if isinstance(device, int):
         return device
     import torch
 
     device = torch.device(device)
-    if device.type != "privateuseone":
+    if device.type != torch._C._get_privateuse1_backend_name():
         raise ValueError(f"expected an acme device, got {device}")
     return current_device() if device.index is None else device.index
+
+#> ch05 random
+# Random numbers: torch.cuda's seeding API over acme's per-device default
+# generators (csrc/aten/generator.cpp). Each call locks the generator, through
+# torch.Generator's own methods.
+
+
+def default_generator(device=None):
+    """The default generator of `device` (None: the current device)."""
+    import torch
+
+    index = current_device() if device is None else _index(device)
+    return torch.ops.acme.default_generator(index)
+
+
+def _is_in_bad_fork() -> bool:
+    # torch.manual_seed seeds a PrivateUse1 backend only if its module has this
+    # and manual_seed_all. acme keeps no state a fork() could break.
+    return False
+
+
+def manual_seed(seed: int) -> None:
+    """Seeds the current device's default generator."""
+    default_generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seeds every device's default generator; torch.manual_seed calls this."""
+    for index in range(device_count()):
+        default_generator(index).manual_seed(int(seed))
+
+
+def seed() -> None:
+    """Seeds the current device with a nondeterministic random number."""
+    default_generator().seed()
+
+
+def seed_all() -> None:
+    """Seeds every device with one nondeterministic random number."""
+    fresh = default_generator(0).seed()
+    for index in range(1, device_count()):
+        default_generator(index).manual_seed(fresh)
+
+
+def initial_seed() -> int:
+    """The current device's seed."""
+    return default_generator().initial_seed()
+
+
+def get_rng_state(device=None):
+    """The generator state of `device` (None: the current one) as a CPU uint8 tensor."""
+    return default_generator(device).get_state()
+
+
+def set_rng_state(new_state, device=None) -> None:
+    """Restores a state that get_rng_state returned."""
+    default_generator(device).set_state(new_state)
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(index) for index in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    for index, state in enumerate(new_states):
+        set_rng_state(state, index)
+
+#< ch05 random
+
+#> ch07 serialization
+#> ch07 device-context
+# Saving and loading. torch.save needs nothing from this module; torch.load
+# restores a storage to an acme device inside `with torch.<backend>.device(...)`
+# (torch/_utils.py, _to) and checks is_available() and device_count() first
+# (torch/serialization.py, _validate_device).
+
+
+class device:
+    """Makes `device` current inside a ``with`` block, like ``torch.cuda.device``.
+
+    ``device`` may be an index, a device string or a torch.device; None or -1
+    leave the current device alone.
+    """
+
+    def __init__(self, device):
+        self.index = -1 if device is None or device == -1 else _index(device)
+        self.previous = -1
+
+    def __enter__(self):
+        self.previous = current_device()
+        if self.index not in (-1, self.previous):
+            runtime.set_device(self.index)
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.index not in (-1, self.previous):
+            runtime.set_device(self.previous)
+        return False
+
+#< ch07 device-context
+#> ch07 check-checkpoint
+
+
+def check_checkpoint(f) -> None:
+    """Raises RuntimeError unless `f` is a complete, intact ``torch.save`` file.
+
+    torch.save writes a CRC-32 for every record of its zip archive, but
+    torch.load never verifies them: a flipped byte in a tensor's data loads
+    silently, and a truncated file fails with whatever error the zip reader hits
+    first. This reads the whole archive once and checks every record. `f` is a
+    path or a seekable binary file; a file's position is restored.
+    """
+    import os
+    import zipfile
+
+    is_path = isinstance(f, (str, os.PathLike))
+    name = os.fspath(f) if is_path else getattr(f, "name", None)
+    where = f"{name}: " if name else ""
+    start = None if is_path else f.tell()
+    try:
+        with zipfile.ZipFile(f) as archive:
+            records = archive.infolist()
+            if records and all(r.CRC == 0 for r in records if r.file_size):
+                raise RuntimeError(
+                    f"{where}the checkpoint carries no CRC-32s to verify (it was written "
+                    "with torch.serialization.set_crc32_options(False))")
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as error:
+        raise RuntimeError(
+            f"{where}not a complete torch.save checkpoint (truncated, or not a zip "
+            f"archive): {error}") from error
+    finally:
+        if start is not None:
+            f.seek(start)
+    if damaged is not None:
+        raise RuntimeError(
+            f"{where}corrupted checkpoint: record '{damaged}' fails its CRC-32 check")
+
+#< ch07 check-checkpoint
+#< ch07 serialization
