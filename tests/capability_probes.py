@@ -132,9 +132,20 @@ def ch09_generated_methods():
     return t.is_acme and layer.weight.is_acme and torch.ones(2).untyped_storage().acme().is_acme
 
 
+def ch10_native_kernels():
+    import torch
+    import torch_acme  # noqa: F401
+
+    # add has a kernel of acme's own (not the CPU fallback), and it is right.
+    rows = torch._C._dispatch_dump_table("aten::add.Tensor").splitlines()
+    row = next(r for r in rows if r.startswith("PrivateUse1"))
+    a = torch.arange(6.0)
+    return "native_kernels.cpp" in row and torch.equal((a.to(device()) + 1).cpu(), a + 1)
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
-          8: ch08_renaming, 9: ch09_generated_methods}
+          8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels}
 
 
 def main():
