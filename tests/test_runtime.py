@@ -479,3 +479,250 @@ def test_threads_allocate_copy_and_free_concurrently():
     for b, a in zip(before, after):
         assert (a["bytes_in_use"], a["blocks_in_use"]) == (b["bytes_in_use"], b["blocks_in_use"])
         assert a["peak_bytes"] > 0
+
+
+# ---- streams and events (chapter 6) ----
+
+needs_streams = pytest.mark.skipif(not hasattr(runtime, "stream_create"),
+                                   reason="streams and events arrive in chapter 6")
+MS = 1000  # microseconds per millisecond, for sleep_kernel
+
+
+@pytest.fixture
+def handles():
+    """Streams and events that are destroyed at the end of the test."""
+    streams, events = [], []
+
+    class Make:
+        @staticmethod
+        def stream(device=0):
+            streams.append(runtime.stream_create(device))
+            return streams[-1]
+
+        @staticmethod
+        def event(device=0, timing=False):
+            events.append(runtime.event_create(device, timing))
+            return events[-1]
+
+    yield Make
+    for stream in streams:
+        runtime.stream_synchronize(stream)
+        runtime.stream_destroy(stream)
+    for event in events:
+        runtime.event_destroy(event)
+
+
+@needs_streams
+def test_default_streams_one_per_device():
+    d0, d1 = runtime.default_stream(0), runtime.default_stream(1)
+    assert d0 != d1 and d0 == runtime.default_stream(0)
+    assert [runtime.stream_device(d0), runtime.stream_device(d1)] == [0, 1]
+    with pytest.raises(AcmeError) as info:
+        runtime.stream_destroy(d1)
+    assert info.value.name == "acmeErrorInvalidValue"
+    assert (f"stream {d1} is the default stream of device 1, which cannot be destroyed"
+            in str(info.value))
+    with pytest.raises(AcmeError, match="invalid device ordinal 2: there are 2 acme devices"):
+        runtime.default_stream(2)
+    with pytest.raises(AcmeError, match="invalid device ordinal 5"):
+        runtime.stream_create(5)
+
+
+@needs_streams
+def test_stream_work_is_asynchronous_and_in_order(handles, alloc):
+    stream = handles.stream(device=1)
+    ptr = alloc(4096, device=1)
+    back = ctypes.create_string_buffer(4096)
+    runtime.sleep_kernel(stream, 200 * MS)
+    runtime.memset_async(ptr, 0x11, 4096, stream)
+    runtime.memset_async(ptr + 8, 0x22, 8, stream)  # runs after the first memset
+    runtime.memcpy_async(ctypes.addressof(back), ptr, 4096, MemcpyKind.DeviceToHost, stream)
+    assert runtime.stream_query(stream) is False  # the host did not wait
+    runtime.stream_synchronize(stream)
+    assert runtime.stream_query(stream) is True
+    assert back.raw == b"\x11" * 8 + b"\x22" * 8 + b"\x11" * 4080
+
+
+@needs_streams
+def test_async_work_is_validated_when_queued(handles, alloc):
+    stream = handles.stream()
+    ptr = alloc(48)
+    with pytest.raises(AcmeError, match=f"copy of 64 bytes to {hex(ptr)} overruns"):
+        runtime.memcpy_async(ptr, ctypes.addressof(ctypes.create_string_buffer(64)), 64,
+                             MemcpyKind.HostToDevice, stream)
+    with pytest.raises(AcmeError, match=f"memset of 8 bytes at {hex(ptr + 44)} overruns"):
+        runtime.memset_async(ptr + 44, 0, 8, stream)
+    assert runtime.stream_query(stream) is True  # nothing was queued
+
+
+@needs_streams
+def test_freed_memory_outlives_queued_work(handles):
+    stream = handles.stream()
+    before = in_use()
+    ptr = runtime.malloc(1 << 20)
+    runtime.sleep_kernel(stream, 100 * MS)
+    runtime.memset_async(ptr, 7, 1 << 20, stream)
+    runtime.free(ptr)  # the memset still runs on memory kept mapped for it
+    assert in_use() == before  # the allocation is gone for the user at once
+    runtime.stream_synchronize(stream)
+
+
+@needs_streams
+def test_timing_events_measure_the_work_between_them(handles):
+    stream = handles.stream()
+    start, end = handles.event(timing=True), handles.event(timing=True)
+    runtime.event_record(start, stream)
+    runtime.sleep_kernel(stream, 250 * MS)
+    runtime.event_record(end, stream)
+    runtime.event_synchronize(start)  # done before the sleep began
+    assert runtime.event_query(end) is False
+    with pytest.raises(AcmeError) as info:
+        runtime.event_elapsed_time(start, end)
+    assert info.value.name == "acmeErrorNotReady" and info.value.code == 9
+    assert f"the latest record of event {end} has not completed yet" in str(info.value)
+    runtime.event_synchronize(end)
+    assert runtime.event_query(end) is True
+    elapsed = runtime.event_elapsed_time(start, end)
+    assert 250 <= elapsed < 250 + 1000, elapsed
+    assert runtime.event_elapsed_time(end, start) == -elapsed
+
+
+@needs_streams
+def test_event_errors(handles):
+    plain = handles.event()
+    timed, unrecorded = handles.event(timing=True), handles.event(timing=True)
+    runtime.event_record(plain)
+    runtime.event_record(timed)
+    runtime.event_synchronize(plain)
+    runtime.event_synchronize(timed)
+    with pytest.raises(AcmeError, match=f"event {plain} was created without acmeEventTiming"):
+        runtime.event_elapsed_time(plain, timed)
+    with pytest.raises(AcmeError, match=f"event {unrecorded} was never recorded"):
+        runtime.event_elapsed_time(timed, unrecorded)
+    # A never-recorded event counts as complete, and waiting for it is a no-op.
+    assert runtime.event_query(unrecorded) is True
+    runtime.event_synchronize(unrecorded)
+    on1 = handles.stream(device=1)
+    with pytest.raises(AcmeError) as info:
+        runtime.event_record(timed, on1)
+    assert info.value.name == "acmeErrorDeviceMismatch" and info.value.code == 8
+    assert str(info.value) == (
+        f"acmeErrorDeviceMismatch: acmeEventRecord: event {timed} belongs to device 0 but stream "
+        f"{on1} to device 1; an event can only be recorded on a stream of its own device")
+    other = handles.event(device=1, timing=True)
+    runtime.event_record(other, on1)
+    runtime.event_synchronize(other)
+    with pytest.raises(AcmeError, match="elapsed time needs two events of one device"):
+        runtime.event_elapsed_time(timed, other)
+    with pytest.raises(AcmeError, match="invalid device ordinal 3"):
+        runtime.event_create(3)
+
+
+@needs_streams
+def test_wait_event_orders_streams_across_devices(handles):
+    producer, consumer = handles.stream(device=0), handles.stream(device=1)
+    ready = handles.event(device=0)
+    done = handles.event(device=1, timing=True)
+    runtime.sleep_kernel(producer, 200 * MS)
+    runtime.event_record(ready, producer)
+    runtime.stream_wait_event(consumer, ready)
+    runtime.event_record(done, consumer)
+    assert runtime.stream_query(consumer) is False  # held back by the producer
+    runtime.event_synchronize(done)
+    assert runtime.event_query(ready) is True and runtime.stream_query(producer) is True
+
+
+@needs_streams
+def test_wait_concerns_the_record_issued_before_it(handles):
+    first, second = handles.stream(), handles.stream()
+    event = handles.event()
+    runtime.event_record(event, first)  # version 1: completes at once
+    runtime.stream_synchronize(first)
+    runtime.stream_wait_event(second, event)  # waits for version 1 only
+    runtime.sleep_kernel(first, 300 * MS)
+    runtime.event_record(event, first)  # version 2, far in the future
+    runtime.stream_synchronize(second)  # must not wait for version 2
+    assert runtime.event_query(event) is False
+
+
+@needs_streams
+def test_device_synchronize_waits_for_every_stream_of_the_current_device(handles):
+    busy = [handles.stream(device=1), handles.stream(device=1)]
+    for stream in busy:
+        runtime.sleep_kernel(stream, 100 * MS)
+    runtime.sleep_kernel(runtime.default_stream(1), 100 * MS)
+    previous = runtime.current_device()
+    runtime.set_device(1)
+    try:
+        runtime.synchronize()
+    finally:
+        runtime.set_device(previous)
+    assert all(runtime.stream_query(s) for s in busy + [runtime.default_stream(1)])
+
+
+@needs_streams
+def test_stale_and_wrong_handles(handles):
+    stream, event = runtime.stream_create(0), handles.event()
+    runtime.stream_destroy(stream)
+    with pytest.raises(AcmeError) as info:
+        runtime.stream_query(stream)
+    assert info.value.name == "acmeErrorInvalidHandle" and info.value.code == 7
+    assert str(info.value) == (
+        f"acmeErrorInvalidHandle: acmeStreamQuery: stream {stream} was destroyed")
+    with pytest.raises(AcmeError, match=f"acmeStreamSynchronize: {event} is an event handle, "
+                                        "not a stream handle"):
+        runtime.stream_synchronize(event)
+    with pytest.raises(AcmeError, match="acmeEventQuery: 123456789 is not an event handle "
+                                        r"\(never created\)"):
+        runtime.event_query(123456789)
+    with pytest.raises(AcmeError, match=f"acmeStreamDestroy: stream {stream} was destroyed"):
+        runtime.stream_destroy(stream)
+    gone = runtime.event_create(0)
+    runtime.event_destroy(gone)
+    with pytest.raises(AcmeError, match=f"acmeEventRecord: event {gone} was destroyed"):
+        runtime.event_record(gone)
+    # Handles are never reused: a new object gets a new number.
+    assert runtime.stream_create(0) not in (stream, event, gone)
+
+
+@needs_streams
+def test_stream_zero_is_the_current_devices_default_stream(handles):
+    event = handles.event(device=1)
+    with pytest.raises(AcmeError, match="belongs to device 1 but stream"):
+        runtime.event_record(event, 0)  # device 0 is current
+    runtime.set_device(1)
+    try:
+        runtime.event_record(event, 0)
+        runtime.stream_synchronize(0)
+    finally:
+        runtime.set_device(0)
+    assert runtime.event_query(event) is True
+
+
+@needs_streams
+def test_threads_record_and_wait_concurrently():
+    errors = []
+
+    def worker(index):
+        try:
+            device = index % 2
+            stream = runtime.stream_create(device)
+            event = runtime.event_create(device, True)
+            for i in range(500):
+                runtime.event_record(event, stream)
+                runtime.stream_wait_event(runtime.default_stream(device), event)
+                if i % 50 == 0:
+                    runtime.event_synchronize(event)
+                    assert runtime.event_query(event)
+            runtime.stream_synchronize(stream)
+            runtime.stream_destroy(stream)
+            runtime.event_destroy(event)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -71,10 +71,42 @@ void move_results_to(c10::Device device, const c10::OperatorHandle& op,
   }
 }
 //< ch02 result-device
+//> ch06 same-device
+
+// Kernels see the tensors of one device. The fallback would copy tensors of
+// devices 0 and 1 alike to the host and compute with both, hiding a bug that
+// every real accelerator reports; refuse it as PyTorch's own kernels do. CPU
+// tensors (0-dim scalars above all) stay allowed, as before.
+void refuse_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  std::optional<c10::Device> first;
+  auto check = [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kAcme) return;
+    if (!first) first = t.device();
+    TORCH_CHECK(t.device() == *first,
+                "Expected all tensors to be on the same device, but found at least two devices, ",
+                *first, " and ", t.device(), "! (checked by acme's CPU fallback for ",
+                op.schema().operator_name(), ")");
+  };
+  const size_t n_args = op.schema().arguments().size();
+  for (auto it = stack.end() - n_args; it != stack.end(); ++it) {
+    if (it->isTensor()) {
+      check(it->toTensor());
+    } else if (it->isTensorList()) {
+      for (const at::Tensor& t : it->toTensorList()) check(t);
+    } else if (it->isOptionalTensorList()) {
+      for (const std::optional<at::Tensor> t : it->toOptionalTensorList())
+        if (t) check(*t);
+    }
+  }
+}
+//< ch06 same-device
 
 //> ch02 fallback
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   refuse_views(op);
+//> ch06 same-device-call
+  refuse_mixed_devices(op, *stack);
+//< ch06 same-device-call
   warn_once(op);
   const size_t n_args = op.schema().arguments().size();
   const torch::jit::Stack args(stack->end() - n_args, stack->end());

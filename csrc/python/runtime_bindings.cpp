@@ -75,6 +75,17 @@ struct HostBuffer {
 };
 
 void* as_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
+//> ch06 bind-handles
+
+// Stream and event handles travel through Python as ints; stream 0 is NULL,
+// the current device's default stream.
+acmeStream_t as_stream(uintptr_t handle) { return reinterpret_cast<acmeStream_t>(handle); }
+acmeEvent_t as_event(uintptr_t handle) { return reinterpret_cast<acmeEvent_t>(handle); }
+template <class Handle>
+uintptr_t as_int(Handle handle) {
+  return reinterpret_cast<uintptr_t>(handle);
+}
+//< ch06 bind-handles
 
 }  // namespace
 
@@ -123,7 +134,12 @@ void acme_bind_runtime(py::module_& m) {
       "Make `device` this thread's current device.");
   m.def(
       "synchronize", [] { call_without_gil([] { return acmeDeviceSynchronize(); }); },
-      "Wait for all work on the current device (everything is synchronous for now).");
+//> ch00 sync-binding-doc < ch06 sync-binding-doc
+//       "Wait for all work on the current device (everything is synchronous for now).");
+//< ch00 sync-binding-doc
+//> ch06 sync-binding-doc
+      "Wait for all work queued on every stream of the current device.");
+//< ch06 sync-binding-doc
   m.def(
       "checked_mode", [] { return acmeCheckedMode() != 0; },
       "True if device memory faults on host access (the default; ACME_CHECKED=0 turns it off).");
@@ -231,4 +247,120 @@ void acme_bind_runtime(py::module_& m) {
       py::arg("device"),
       "dict(bytes_in_use, blocks_in_use, peak_bytes) of a device, in requested bytes: "
       "the leak check of the tests.");
+//> ch06 bind-streams
+
+  m.def(
+      "stream_create",
+      [](int device) {
+        acmeStream_t stream = nullptr;
+        check(acmeStreamCreate(&stream, device));
+        return as_int(stream);
+      },
+      py::arg("device"), "Create a stream on `device`; returns its handle (an int).");
+  m.def(
+      "stream_destroy", [](uintptr_t stream) { check(acmeStreamDestroy(as_stream(stream))); },
+      py::arg("stream"), "Destroy a stream; work already queued on it still runs.");
+  m.def(
+      "default_stream",
+      [](int device) {
+        acmeStream_t stream = nullptr;
+        check(acmeStreamGetDefault(&stream, device));
+        return as_int(stream);
+      },
+      py::arg("device"), "The handle of `device`'s default stream.");
+  m.def(
+      "stream_device",
+      [](uintptr_t stream) {
+        int device = -1;
+        check(acmeStreamGetDevice(as_stream(stream), &device));
+        return device;
+      },
+      py::arg("stream"), "The device a stream belongs to.");
+  m.def(
+      "stream_query",
+      [](uintptr_t stream) {
+        int complete = 0;
+        check(acmeStreamQuery(as_stream(stream), &complete));
+        return complete != 0;
+      },
+      py::arg("stream"), "True if all work queued on the stream has completed.");
+  m.def(
+      "stream_synchronize",
+      [](uintptr_t stream) {
+        call_without_gil([&] { return acmeStreamSynchronize(as_stream(stream)); });
+      },
+      py::arg("stream"), "Wait until the work queued on the stream so far has completed.");
+  m.def(
+      "stream_wait_event",
+      [](uintptr_t stream, uintptr_t event) {
+        check(acmeStreamWaitEvent(as_stream(stream), as_event(event)));
+      },
+      py::arg("stream"), py::arg("event"),
+      "Make work queued on `stream` from now on wait for the event's latest record.");
+
+  m.def(
+      "event_create",
+      [](int device, bool timing) {
+        acmeEvent_t event = nullptr;
+        check(acmeEventCreate(&event, device, timing ? acmeEventTiming : acmeEventDefault));
+        return as_int(event);
+      },
+      py::arg("device"), py::arg("timing") = false,
+      "Create an event on `device` (with timestamps if `timing`); returns its handle.");
+  m.def(
+      "event_destroy", [](uintptr_t event) { check(acmeEventDestroy(as_event(event))); },
+      py::arg("event"), "Destroy an event.");
+  m.def(
+      "event_record",
+      [](uintptr_t event, uintptr_t stream) {
+        check(acmeEventRecord(as_event(event), as_stream(stream)));
+      },
+      py::arg("event"), py::arg("stream") = 0,
+      "Queue the event's mark on `stream` (0: the current device's default stream).");
+  m.def(
+      "event_query",
+      [](uintptr_t event) {
+        int complete = 0;
+        check(acmeEventQuery(as_event(event), &complete));
+        return complete != 0;
+      },
+      py::arg("event"), "True if the event's latest record has completed (or none was issued).");
+  m.def(
+      "event_synchronize",
+      [](uintptr_t event) {
+        call_without_gil([&] { return acmeEventSynchronize(as_event(event)); });
+      },
+      py::arg("event"), "Wait until the event's latest record has completed.");
+  m.def(
+      "event_elapsed_time",
+      [](uintptr_t start, uintptr_t end) {
+        float ms = 0;
+        check(acmeEventElapsedTime(&ms, as_event(start), as_event(end)));
+        return ms;
+      },
+      py::arg("start"), py::arg("end"),
+      "Milliseconds between the completions of two timing events' latest records.");
+
+  m.def(
+      "memcpy_async",
+      [](uintptr_t dst, uintptr_t src, size_t nbytes, acmeMemcpyKind kind, uintptr_t stream) {
+        check(acmeMemcpyAsync(as_pointer(dst), as_pointer(src), nbytes, kind, as_stream(stream)));
+      },
+      py::arg("dst"), py::arg("src"), py::arg("nbytes"), py::arg("kind"), py::arg("stream") = 0,
+      "acmeMemcpy queued on `stream`. Host memory must outlive the copy.");
+  m.def(
+      "memset_async",
+      [](uintptr_t ptr, int value, size_t nbytes, uintptr_t stream) {
+        check(acmeMemsetAsync(as_pointer(ptr), value, nbytes, as_stream(stream)));
+      },
+      py::arg("ptr"), py::arg("value"), py::arg("nbytes"), py::arg("stream") = 0,
+      "acmeMemset queued on `stream`.");
+  m.def(
+      "sleep_kernel",
+      [](uintptr_t stream, unsigned microseconds) {
+        check(acmeLaunchSleepKernel(as_stream(stream), microseconds));
+      },
+      py::arg("stream"), py::arg("microseconds"),
+      "Queue a kernel that keeps `stream` busy for `microseconds` (for tests and demos).");
+//< ch06 bind-streams
 }

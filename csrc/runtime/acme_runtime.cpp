@@ -18,6 +18,9 @@
 #include <mutex>
 
 #include "runtime/checked_memory.h"
+//> ch06 internal-include
+#include "runtime/internal.h"
+//< ch06 internal-include
 
 namespace {
 
@@ -248,8 +251,15 @@ acmeError_t resolve_host(const Registry& r, uintptr_t p, size_t n, const char* f
   return acmeSuccess;
 }
 
-// Runs a validated operation. Today it runs at once on the calling thread; a
-// stream would queue it instead (the Sides keep their memory alive).
+//> ch00 run-comment < ch06 run-comment
+// // Runs a validated operation. Today it runs at once on the calling thread; a
+// // stream would queue it instead (the Sides keep their memory alive).
+//< ch00 run-comment
+//> ch06 run-comment
+// Runs a validated operation: at once on the calling thread (acmeMemcpy), or
+// later on a stream's worker (acmeMemcpyAsync), the Sides keeping the device
+// memory mapped until then.
+//< ch06 run-comment
 void run_copy(const Side& dst, const Side& src, size_t count) {
   std::memmove(dst.address, src.address, count);
 }
@@ -264,7 +274,65 @@ acmeError_t check_range(uintptr_t p, size_t n) {
   return acmeSuccess;
 }
 
+// Validates both sides of a copy under the registry lock. count 0 is valid
+// and resolves nothing.
+acmeError_t prepare_copy(void* dst, const void* src, size_t count, acmeMemcpyKind kind,
+                         Side* dst_side, Side* src_side) {
+  if (kind < acmeMemcpyHostToHost || kind > acmeMemcpyDeviceToDevice)
+    return fail(acmeErrorInvalidValue, "acmeMemcpy: invalid kind %d", static_cast<int>(kind));
+  if (count == 0) return acmeSuccess;
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  const auto s = reinterpret_cast<uintptr_t>(src);
+  if (acmeError_t e = check_range(d, count)) return e;
+  if (acmeError_t e = check_range(s, count)) return e;
+  const bool dst_on_device = kind == acmeMemcpyHostToDevice || kind == acmeMemcpyDeviceToDevice;
+  const bool src_on_device = kind == acmeMemcpyDeviceToHost || kind == acmeMemcpyDeviceToDevice;
+
+  char to[64], from[64];
+  std::snprintf(to, sizeof to, "copy of %zu bytes to", count);
+  std::snprintf(from, sizeof from, "copy of %zu bytes from", count);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  acmeError_t e = dst_on_device
+                      ? resolve_device(r, d, count, to, dst_side)
+                      : resolve_host(r, d, count, "write it with acmeMemcpyHostToDevice", dst_side);
+  if (e) return e;
+  return src_on_device
+             ? resolve_device(r, s, count, from, src_side)
+             : resolve_host(r, s, count, "copy it with acmeMemcpyDeviceToHost", src_side);
+}
+
+acmeError_t prepare_fill(void* devPtr, size_t count, Side* side) {
+  if (count == 0) return acmeSuccess;
+  const auto p = reinterpret_cast<uintptr_t>(devPtr);
+  if (acmeError_t e = check_range(p, count)) return e;
+  char what[64];
+  std::snprintf(what, sizeof what, "memset of %zu bytes at", count);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return resolve_device(r, p, count, what, side);
+}
+
 }  // namespace
+//> ch06 internal
+
+// The private interface acme_streams.cpp uses (runtime/internal.h).
+namespace acme::internal {
+
+acmeError_t enter() { return ::enter(); }
+acmeError_t check_device(int device) { return ::check_device(device); }
+int current_device() { return ::current_device; }
+
+acmeError_t fail(acmeError_t code, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(last_error, sizeof last_error, format, args);
+  va_end(args);
+  return code;
+}
+
+}  // namespace acme::internal
+//< ch06 internal
 
 extern "C" {
 
@@ -277,6 +345,11 @@ const char* acmeGetErrorName(acmeError_t error) {
     case acmeErrorInvalidDevicePointer: return "acmeErrorInvalidDevicePointer";
     case acmeErrorHostAccessToDevice: return "acmeErrorHostAccessToDevice";
     case acmeErrorInitialization: return "acmeErrorInitialization";
+//> ch06 error-names
+    case acmeErrorInvalidHandle: return "acmeErrorInvalidHandle";
+    case acmeErrorDeviceMismatch: return "acmeErrorDeviceMismatch";
+    case acmeErrorNotReady: return "acmeErrorNotReady";
+//< ch06 error-names
   }
   return "acmeErrorUnrecognized";
 }
@@ -290,6 +363,11 @@ const char* acmeGetErrorString(acmeError_t error) {
     case acmeErrorInvalidDevicePointer: return "invalid device pointer";
     case acmeErrorHostAccessToDevice: return "host access to device memory";
     case acmeErrorInitialization: return "invalid runtime configuration";
+//> ch06 error-strings
+    case acmeErrorInvalidHandle: return "invalid stream or event handle";
+    case acmeErrorDeviceMismatch: return "stream or event of another device";
+    case acmeErrorNotReady: return "work not completed yet";
+//< ch06 error-strings
   }
   return "unrecognized error code";
 }
@@ -317,8 +395,10 @@ acmeError_t acmeGetDevice(int* device) {
   return acmeSuccess;
 }
 
-acmeError_t acmeDeviceSynchronize(void) { return enter(); }
-
+//> ch00 device-sync < ch06 -
+// acmeError_t acmeDeviceSynchronize(void) { return enter(); }
+//
+//< ch00 device-sync
 int acmeCheckedMode(void) { return config().checked ? 1 : 0; }
 
 acmeError_t acmeMallocOnDevice(void** devPtr, size_t size, int device) {
@@ -436,53 +516,42 @@ acmeError_t acmeFree(void* devPtr) {
 
 acmeError_t acmeMemcpy(void* dst, const void* src, size_t count, acmeMemcpyKind kind) {
   if (acmeError_t e = enter()) return e;
-  if (kind < acmeMemcpyHostToHost || kind > acmeMemcpyDeviceToDevice)
-    return fail(acmeErrorInvalidValue, "acmeMemcpy: invalid kind %d", static_cast<int>(kind));
-  if (count == 0) return acmeSuccess;
-  const auto d = reinterpret_cast<uintptr_t>(dst);
-  const auto s = reinterpret_cast<uintptr_t>(src);
-  if (acmeError_t e = check_range(d, count)) return e;
-  if (acmeError_t e = check_range(s, count)) return e;
-  const bool dst_on_device = kind == acmeMemcpyHostToDevice || kind == acmeMemcpyDeviceToDevice;
-  const bool src_on_device = kind == acmeMemcpyDeviceToHost || kind == acmeMemcpyDeviceToDevice;
-
-  char to[64], from[64];
-  std::snprintf(to, sizeof to, "copy of %zu bytes to", count);
-  std::snprintf(from, sizeof from, "copy of %zu bytes from", count);
-  Registry& r = registry();
   Side dst_side, src_side;
-  {
-    std::lock_guard<std::mutex> lock(r.mutex);
-    acmeError_t e =
-        dst_on_device ? resolve_device(r, d, count, to, &dst_side)
-                      : resolve_host(r, d, count, "write it with acmeMemcpyHostToDevice",
-                                     &dst_side);
-    if (e) return e;
-    e = src_on_device
-            ? resolve_device(r, s, count, from, &src_side)
-            : resolve_host(r, s, count, "copy it with acmeMemcpyDeviceToHost", &src_side);
-    if (e) return e;
-  }
-  run_copy(dst_side, src_side, count);
+  if (acmeError_t e = prepare_copy(dst, src, count, kind, &dst_side, &src_side)) return e;
+  if (count) run_copy(dst_side, src_side, count);
   return acmeSuccess;
 }
 
 acmeError_t acmeMemset(void* devPtr, int value, size_t count) {
   if (acmeError_t e = enter()) return e;
-  if (count == 0) return acmeSuccess;
-  const auto p = reinterpret_cast<uintptr_t>(devPtr);
-  if (acmeError_t e = check_range(p, count)) return e;
-  char what[64];
-  std::snprintf(what, sizeof what, "memset of %zu bytes at", count);
-  Registry& r = registry();
   Side side;
-  {
-    std::lock_guard<std::mutex> lock(r.mutex);
-    if (acmeError_t e = resolve_device(r, p, count, what, &side)) return e;
-  }
-  run_fill(side, value, count);
+  if (acmeError_t e = prepare_fill(devPtr, count, &side)) return e;
+  if (count) run_fill(side, value, count);
   return acmeSuccess;
 }
+//> ch06 async-copies
+// Validated now, with the same messages as the synchronous calls; run when the
+// stream reaches them. The lambdas own the Sides, so freed device memory stays
+// mapped until the work is done.
+acmeError_t acmeMemcpyAsync(void* dst, const void* src, size_t count, acmeMemcpyKind kind,
+                            acmeStream_t stream) {
+  if (acmeError_t e = enter()) return e;
+  Side dst_side, src_side;
+  if (acmeError_t e = prepare_copy(dst, src, count, kind, &dst_side, &src_side)) return e;
+  return acme::internal::submit(stream, "acmeMemcpyAsync", [dst_side, src_side, count] {
+    if (count) run_copy(dst_side, src_side, count);
+  });
+}
+
+acmeError_t acmeMemsetAsync(void* devPtr, int value, size_t count, acmeStream_t stream) {
+  if (acmeError_t e = enter()) return e;
+  Side side;
+  if (acmeError_t e = prepare_fill(devPtr, count, &side)) return e;
+  return acme::internal::submit(stream, "acmeMemsetAsync", [side, value, count] {
+    if (count) run_fill(side, value, count);
+  });
+}
+//< ch06 async-copies
 
 acmeError_t acmePointerGetAttributes(acmePointerAttributes* attributes, const void* ptr) {
   if (acmeError_t e = enter()) return e;

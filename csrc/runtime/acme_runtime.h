@@ -32,7 +32,12 @@ typedef enum acmeError {
   acmeErrorMemoryAllocation = 3,      /* device out of memory */
   acmeErrorInvalidDevicePointer = 4,  /* not (inside) a live device allocation */
   acmeErrorHostAccessToDevice = 5,    /* a host-side argument points into device memory */
-  acmeErrorInitialization = 6         /* the environment configuration is invalid */
+  acmeErrorInitialization = 6,        /* the environment configuration is invalid */
+//> ch06 stream-errors
+  acmeErrorInvalidHandle = 7,         /* not a live stream or event */
+  acmeErrorDeviceMismatch = 8,        /* stream and event, or two events, on different devices */
+  acmeErrorNotReady = 9,              /* the work an event marks has not completed yet */
+//< ch06 stream-errors
 } acmeError_t;
 
 typedef enum acmeMemcpyKind {
@@ -68,8 +73,14 @@ ACME_API acmeError_t acmeGetDeviceCount(int* count);
 ACME_API acmeError_t acmeSetDevice(int device);
 /* This thread's current device. */
 ACME_API acmeError_t acmeGetDevice(int* device);
-/* Waits for all work on the current device. Everything is synchronous for
- * now, so this only checks that the runtime is usable. */
+//> ch00 device-sync-doc < ch06 device-sync-doc
+// /* Waits for all work on the current device. Everything is synchronous for
+//  * now, so this only checks that the runtime is usable. */
+//< ch00 device-sync-doc
+//> ch06 device-sync-doc
+/* Waits until all work queued on every stream of the current device, the
+ * default stream included, has completed. */
+//< ch06 device-sync-doc
 ACME_API acmeError_t acmeDeviceSynchronize(void);
 /* 1 if checked mode is on (the default), 0 if ACME_CHECKED=0. */
 ACME_API int acmeCheckedMode(void);
@@ -109,6 +120,77 @@ ACME_API acmeError_t acmeMemoryStats(int device, size_t* bytesInUse,
  * device pointer; kernels use this view instead. It is valid until the
  * allocation is freed. Without checked mode it equals devPtr. */
 ACME_API acmeError_t acmeDeviceAccess(void** kernelView, const void* devPtr);
+//> ch06 streams-api
+
+/* ---- streams and events ----
+ *
+ * A stream is an in-order queue of work on one device. Work queued on it runs
+ * asynchronously to the host, one item after the other; different streams run
+ * concurrently. Every device has a default stream, which always exists.
+ * acmeMemcpy and acmeMemset stay synchronous: they run on the calling thread,
+ * ordered with no stream, so synchronize a stream before they touch memory its
+ * pending work uses.
+ *
+ * An event marks a point in a stream: acmeEventRecord queues the mark, and the
+ * event completes when the stream reaches it (all work queued before it done),
+ * taking a timestamp from a monotonic clock if it was created with timing. An
+ * event belongs to one device. Recording it again moves the mark; queries and
+ * waits concern the latest record issued before them.
+ *
+ * Handles are opaque and never reused: a destroyed handle stays invalid, and
+ * every call given one fails with acmeErrorInvalidHandle. A NULL stream means
+ * the current device's default stream. */
+
+typedef struct acmeStream_st* acmeStream_t;
+typedef struct acmeEvent_st* acmeEvent_t;
+
+/* Flags of acmeEventCreate. */
+enum { acmeEventDefault = 0, acmeEventTiming = 1 /* record timestamps */ };
+
+/* Creates a stream on device (a worker starts serving it at once). */
+ACME_API acmeError_t acmeStreamCreate(acmeStream_t* stream, int device);
+/* Destroys a stream. Work already queued still runs; the call does not wait.
+ * A default stream cannot be destroyed. */
+ACME_API acmeError_t acmeStreamDestroy(acmeStream_t stream);
+/* The default stream of device. */
+ACME_API acmeError_t acmeStreamGetDefault(acmeStream_t* stream, int device);
+/* The device a stream belongs to. */
+ACME_API acmeError_t acmeStreamGetDevice(acmeStream_t stream, int* device);
+/* *complete = 1 if all work queued on the stream so far has completed, else 0. */
+ACME_API acmeError_t acmeStreamQuery(acmeStream_t stream, int* complete);
+/* Blocks until all work queued on the stream before this call has completed. */
+ACME_API acmeError_t acmeStreamSynchronize(acmeStream_t stream);
+/* Work queued on stream after this call waits until the event's latest record
+ * (issued before this call) has completed. The event may belong to another
+ * device. A never-recorded event makes this a no-op. */
+ACME_API acmeError_t acmeStreamWaitEvent(acmeStream_t stream, acmeEvent_t event);
+
+/* Creates an event on device; flags is acmeEventDefault or acmeEventTiming. */
+ACME_API acmeError_t acmeEventCreate(acmeEvent_t* event, int device, unsigned flags);
+/* Destroys an event; records still queued complete harmlessly. */
+ACME_API acmeError_t acmeEventDestroy(acmeEvent_t event);
+/* Queues the event's mark on stream, which must be on the event's device. */
+ACME_API acmeError_t acmeEventRecord(acmeEvent_t event, acmeStream_t stream);
+/* *complete = 1 if the latest record has completed (or none was issued). */
+ACME_API acmeError_t acmeEventQuery(acmeEvent_t event, int* complete);
+/* Blocks until the latest record issued before this call has completed. */
+ACME_API acmeError_t acmeEventSynchronize(acmeEvent_t event);
+/* Milliseconds between the completions of start's and end's latest records.
+ * Both need acmeEventTiming, a completed record (else acmeErrorNotReady) and
+ * the same device. */
+ACME_API acmeError_t acmeEventElapsedTime(float* ms, acmeEvent_t start, acmeEvent_t end);
+
+/* Stream-ordered versions of acmeMemcpy and acmeMemset: validated now, run
+ * when the stream reaches them. Device memory they use stays mapped until then
+ * even if freed meanwhile; host memory must stay valid until they complete. */
+ACME_API acmeError_t acmeMemcpyAsync(void* dst, const void* src, size_t count,
+                                     acmeMemcpyKind kind, acmeStream_t stream);
+ACME_API acmeError_t acmeMemsetAsync(void* devPtr, int value, size_t count,
+                                     acmeStream_t stream);
+/* A kernel that keeps the stream busy for the given time: a stand-in for real
+ * device work in tests and demos (like torch.cuda._sleep). */
+ACME_API acmeError_t acmeLaunchSleepKernel(acmeStream_t stream, unsigned microseconds);
+//< ch06 streams-api
 
 #ifdef __cplusplus
 }

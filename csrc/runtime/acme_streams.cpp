@@ -1,0 +1,441 @@
+//@ ch06
+// Streams and events. Each stream is an in-order queue of work with a worker
+// thread of its own, standing in for a hardware queue: the host queues work
+// and moves on, the worker runs it. An event is a numbered mark: recording it
+// queues "mark record n complete" on a stream, and waiting for it means
+// waiting until the worker has got that far.
+#include <cinttypes>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "runtime/acme_runtime.h"
+#include "runtime/internal.h"
+
+using acme::internal::enter;
+using acme::internal::fail;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;  // monotonic: what elapsed times need
+
+//> ch06 runtime-event
+struct Event {
+  uint64_t id;
+  int device;
+  bool timing;
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  uint64_t recorded = 0;   // records issued so far; record n is "version n"
+  uint64_t completed = 0;  // the highest version a stream has reached
+  Clock::time_point when;  // when `completed` was reached
+
+  // Runs on a stream's worker when the stream reaches the mark.
+  void complete(uint64_t version) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (version <= completed) return;
+      completed = version;
+      when = Clock::now();
+    }
+    changed.notify_all();
+  }
+
+  void wait_for(uint64_t version) {
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait(lock, [&] { return completed >= version; });
+  }
+};
+//< ch06 runtime-event
+
+//> ch06 runtime-stream
+struct Stream {
+  uint64_t id;
+  int device;
+  bool is_default;
+
+  std::mutex mutex;
+  std::condition_variable changed;  // work queued, work done, or stopping
+  std::deque<std::function<void()>> queue;
+  uint64_t submitted = 0, completed = 0;
+  bool stopping = false;
+
+  void push(std::function<void()> work) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      queue.push_back(std::move(work));
+      ++submitted;
+    }
+    changed.notify_all();
+  }
+
+  bool idle() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return completed == submitted;
+  }
+
+  // Waits for the work queued so far, not for work queued meanwhile.
+  void drain() {
+    std::unique_lock<std::mutex> lock(mutex);
+    const uint64_t target = submitted;
+    changed.wait(lock, [&] { return completed >= target; });
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    changed.notify_all();
+  }
+};
+
+// The worker: runs the queue in order, one item at a time. It owns a reference
+// to the stream, so a destroyed stream finishes its queue before going away.
+void serve(std::shared_ptr<Stream> s) {
+  (void)enter();  // the signal stack checked mode wants on every thread
+  std::unique_lock<std::mutex> lock(s->mutex);
+  for (;;) {
+    s->changed.wait(lock, [&] { return !s->queue.empty() || s->stopping; });
+    if (s->queue.empty()) return;  // stopping, and nothing left to do
+    std::function<void()> work = std::move(s->queue.front());
+    s->queue.pop_front();
+    lock.unlock();
+    work();
+    lock.lock();
+    ++s->completed;
+    s->changed.notify_all();
+  }
+}
+//< ch06 runtime-stream
+
+//> ch06 runtime-handles
+// Handles are numbers from one counter, never reused; the low bit tells a
+// stream (1) from an event (0). A stale handle is thus recognised for what it
+// was, and can never alias a newer object.
+struct Handles {
+  std::mutex mutex;
+  uint64_t next = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<Stream>> streams;
+  std::unordered_map<uint64_t, std::shared_ptr<Event>> events;
+  std::map<int, std::shared_ptr<Stream>> defaults;  // by device, created on first use
+  // Every stream of a device, destroyed ones still draining included.
+  std::map<int, std::vector<std::weak_ptr<Stream>>> by_device;
+
+  uint64_t new_id(bool stream) { return (next++ << 1) | (stream ? 1 : 0); }
+};
+
+// Never destroyed: workers may still run during static destruction.
+Handles& handles() {
+  static Handles* h = new Handles;
+  return *h;
+}
+
+uint64_t id_of(const void* handle) { return reinterpret_cast<uintptr_t>(handle); }
+acmeStream_t stream_handle(uint64_t id) { return reinterpret_cast<acmeStream_t>(id); }
+acmeEvent_t event_handle(uint64_t id) { return reinterpret_cast<acmeEvent_t>(id); }
+
+// Why `id` names no live object of the wanted kind.
+acmeError_t bad_handle(const Handles& h, uint64_t id, bool want_stream, const char* caller) {
+  const char* wanted = want_stream ? "stream" : "event";
+  const bool is_stream = id & 1;
+  if (id != 0 && (id >> 1) < h.next) {
+    if (is_stream != want_stream)
+      return fail(acmeErrorInvalidHandle, "%s: %" PRIu64 " is %s handle, not %s handle",
+                  caller, id, is_stream ? "a stream" : "an event",
+                  want_stream ? "a stream" : "an event");
+    return fail(acmeErrorInvalidHandle, "%s: %s %" PRIu64 " was destroyed", caller, wanted, id);
+  }
+  return fail(acmeErrorInvalidHandle, "%s: %" PRIu64 " is not %s handle (never created)", caller,
+              id, want_stream ? "a stream" : "an event");
+}
+
+// Starts a stream's worker. Call with the handles lock held.
+acmeError_t start(Handles& h, int device, bool is_default, const char* caller,
+                  std::shared_ptr<Stream>* out) {
+  auto s = std::make_shared<Stream>();
+  s->id = h.new_id(true);
+  s->device = device;
+  s->is_default = is_default;
+  try {
+    std::thread(serve, s).detach();
+  } catch (const std::system_error& e) {
+    return fail(acmeErrorMemoryAllocation, "%s: cannot start the stream's worker thread: %s",
+                caller, e.what());
+  }
+  h.streams.emplace(s->id, s);
+  auto& all = h.by_device[device];
+  std::erase_if(all, [](const std::weak_ptr<Stream>& w) { return w.expired(); });
+  all.push_back(s);
+  *out = std::move(s);
+  return acmeSuccess;
+}
+
+acmeError_t default_stream(int device, const char* caller, std::shared_ptr<Stream>* out) {
+  if (acmeError_t e = acme::internal::check_device(device)) return e;
+  Handles& h = handles();
+  std::lock_guard<std::mutex> lock(h.mutex);
+  auto& slot = h.defaults[device];
+  if (!slot) {
+    if (acmeError_t e = start(h, device, true, caller, &slot)) return e;
+  }
+  *out = slot;
+  return acmeSuccess;
+}
+
+acmeError_t find_stream(acmeStream_t handle, const char* caller, std::shared_ptr<Stream>* out) {
+  if (!handle) return default_stream(acme::internal::current_device(), caller, out);
+  Handles& h = handles();
+  std::lock_guard<std::mutex> lock(h.mutex);
+  auto it = h.streams.find(id_of(handle));
+  if (it == h.streams.end()) return bad_handle(h, id_of(handle), true, caller);
+  *out = it->second;
+  return acmeSuccess;
+}
+
+acmeError_t find_event(acmeEvent_t handle, const char* caller, std::shared_ptr<Event>* out) {
+  Handles& h = handles();
+  std::lock_guard<std::mutex> lock(h.mutex);
+  auto it = h.events.find(id_of(handle));
+  if (it == h.events.end()) return bad_handle(h, id_of(handle), false, caller);
+  *out = it->second;
+  return acmeSuccess;
+}
+//< ch06 runtime-handles
+
+}  // namespace
+
+acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller,
+                                   std::function<void()> work) {
+  std::shared_ptr<Stream> s;
+  if (acmeError_t e = find_stream(stream, caller, &s)) return e;
+  s->push(std::move(work));
+  return acmeSuccess;
+}
+
+extern "C" {
+
+//> ch06 runtime-stream-api
+acmeError_t acmeStreamCreate(acmeStream_t* stream, int device) {
+  if (acmeError_t e = enter()) return e;
+  if (!stream) return fail(acmeErrorInvalidValue, "acmeStreamCreate: stream is NULL");
+  *stream = nullptr;
+  if (acmeError_t e = acme::internal::check_device(device)) return e;
+  Handles& h = handles();
+  std::lock_guard<std::mutex> lock(h.mutex);
+  std::shared_ptr<Stream> s;
+  if (acmeError_t e = start(h, device, false, "acmeStreamCreate", &s)) return e;
+  *stream = stream_handle(s->id);
+  return acmeSuccess;
+}
+
+acmeError_t acmeStreamDestroy(acmeStream_t stream) {
+  if (acmeError_t e = enter()) return e;
+  std::shared_ptr<Stream> s;
+  if (acmeError_t e = find_stream(stream, "acmeStreamDestroy", &s)) return e;
+  if (s->is_default)
+    return fail(acmeErrorInvalidValue,
+                "acmeStreamDestroy: stream %" PRIu64 " is the default stream of device %d, "
+                "which cannot be destroyed",
+                s->id, s->device);
+  {
+    Handles& h = handles();
+    std::lock_guard<std::mutex> lock(h.mutex);
+    h.streams.erase(s->id);
+  }
+  s->stop();  // the worker drains the queue, then exits
+  return acmeSuccess;
+}
+
+acmeError_t acmeStreamGetDefault(acmeStream_t* stream, int device) {
+  if (acmeError_t e = enter()) return e;
+  if (!stream) return fail(acmeErrorInvalidValue, "acmeStreamGetDefault: stream is NULL");
+  std::shared_ptr<Stream> s;
+  if (acmeError_t e = default_stream(device, "acmeStreamGetDefault", &s)) return e;
+  *stream = stream_handle(s->id);
+  return acmeSuccess;
+}
+
+acmeError_t acmeStreamGetDevice(acmeStream_t stream, int* device) {
+  if (acmeError_t e = enter()) return e;
+  if (!device) return fail(acmeErrorInvalidValue, "acmeStreamGetDevice: device is NULL");
+  std::shared_ptr<Stream> s;
+  if (acmeError_t e = find_stream(stream, "acmeStreamGetDevice", &s)) return e;
+  *device = s->device;
+  return acmeSuccess;
+}
+
+acmeError_t acmeStreamQuery(acmeStream_t stream, int* complete) {
+  if (acmeError_t e = enter()) return e;
+  if (!complete) return fail(acmeErrorInvalidValue, "acmeStreamQuery: complete is NULL");
+  std::shared_ptr<Stream> s;
+  if (acmeError_t e = find_stream(stream, "acmeStreamQuery", &s)) return e;
+  *complete = s->idle() ? 1 : 0;
+  return acmeSuccess;
+}
+
+acmeError_t acmeStreamSynchronize(acmeStream_t stream) {
+  if (acmeError_t e = enter()) return e;
+  std::shared_ptr<Stream> s;
+  if (acmeError_t e = find_stream(stream, "acmeStreamSynchronize", &s)) return e;
+  s->drain();
+  return acmeSuccess;
+}
+
+acmeError_t acmeStreamWaitEvent(acmeStream_t stream, acmeEvent_t event) {
+  if (acmeError_t e = enter()) return e;
+  std::shared_ptr<Stream> s;
+  std::shared_ptr<Event> ev;
+  if (acmeError_t e = find_stream(stream, "acmeStreamWaitEvent", &s)) return e;
+  if (acmeError_t e = find_event(event, "acmeStreamWaitEvent", &ev)) return e;
+  uint64_t version;
+  {
+    std::lock_guard<std::mutex> lock(ev->mutex);
+    version = ev->recorded;  // the latest record issued before this call
+  }
+  if (version == 0) return acmeSuccess;  // never recorded: nothing to wait for
+  // The worker blocks on the event; work queued behind the wait waits too.
+  s->push([ev, version] { ev->wait_for(version); });
+  return acmeSuccess;
+}
+
+acmeError_t acmeLaunchSleepKernel(acmeStream_t stream, unsigned microseconds) {
+  if (acmeError_t e = enter()) return e;
+  return acme::internal::submit(stream, "acmeLaunchSleepKernel", [microseconds] {
+    std::this_thread::sleep_for(std::chrono::microseconds(microseconds));
+  });
+}
+
+acmeError_t acmeDeviceSynchronize(void) {
+  if (acmeError_t e = enter()) return e;
+  const int device = acme::internal::current_device();
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    Handles& h = handles();
+    std::lock_guard<std::mutex> lock(h.mutex);
+    for (const auto& weak : h.by_device[device])
+      if (auto s = weak.lock()) streams.push_back(std::move(s));
+  }
+  for (const auto& s : streams) s->drain();
+  return acmeSuccess;
+}
+//< ch06 runtime-stream-api
+
+//> ch06 runtime-event-api
+acmeError_t acmeEventCreate(acmeEvent_t* event, int device, unsigned flags) {
+  if (acmeError_t e = enter()) return e;
+  if (!event) return fail(acmeErrorInvalidValue, "acmeEventCreate: event is NULL");
+  *event = nullptr;
+  if (flags & ~unsigned{acmeEventTiming})
+    return fail(acmeErrorInvalidValue, "acmeEventCreate: unknown flags 0x%x", flags);
+  if (acmeError_t e = acme::internal::check_device(device)) return e;
+  auto ev = std::make_shared<Event>();
+  ev->device = device;
+  ev->timing = flags & acmeEventTiming;
+  Handles& h = handles();
+  std::lock_guard<std::mutex> lock(h.mutex);
+  ev->id = h.new_id(false);
+  h.events.emplace(ev->id, ev);
+  *event = event_handle(ev->id);
+  return acmeSuccess;
+}
+
+acmeError_t acmeEventDestroy(acmeEvent_t event) {
+  if (acmeError_t e = enter()) return e;
+  Handles& h = handles();
+  std::lock_guard<std::mutex> lock(h.mutex);
+  // Queued records and waits hold their own reference to the event.
+  if (h.events.erase(id_of(event)) == 0)
+    return bad_handle(h, id_of(event), false, "acmeEventDestroy");
+  return acmeSuccess;
+}
+
+acmeError_t acmeEventRecord(acmeEvent_t event, acmeStream_t stream) {
+  if (acmeError_t e = enter()) return e;
+  std::shared_ptr<Event> ev;
+  std::shared_ptr<Stream> s;
+  if (acmeError_t e = find_event(event, "acmeEventRecord", &ev)) return e;
+  if (acmeError_t e = find_stream(stream, "acmeEventRecord", &s)) return e;
+  if (ev->device != s->device)
+    return fail(acmeErrorDeviceMismatch,
+                "acmeEventRecord: event %" PRIu64 " belongs to device %d but stream %" PRIu64
+                " to device %d; an event can only be recorded on a stream of its own device",
+                ev->id, ev->device, s->id, s->device);
+  uint64_t version;
+  {
+    std::lock_guard<std::mutex> lock(ev->mutex);
+    version = ++ev->recorded;
+  }
+  s->push([ev, version] { ev->complete(version); });
+  return acmeSuccess;
+}
+
+acmeError_t acmeEventQuery(acmeEvent_t event, int* complete) {
+  if (acmeError_t e = enter()) return e;
+  if (!complete) return fail(acmeErrorInvalidValue, "acmeEventQuery: complete is NULL");
+  std::shared_ptr<Event> ev;
+  if (acmeError_t e = find_event(event, "acmeEventQuery", &ev)) return e;
+  std::lock_guard<std::mutex> lock(ev->mutex);
+  *complete = ev->completed >= ev->recorded ? 1 : 0;
+  return acmeSuccess;
+}
+
+acmeError_t acmeEventSynchronize(acmeEvent_t event) {
+  if (acmeError_t e = enter()) return e;
+  std::shared_ptr<Event> ev;
+  if (acmeError_t e = find_event(event, "acmeEventSynchronize", &ev)) return e;
+  uint64_t version;
+  {
+    std::lock_guard<std::mutex> lock(ev->mutex);
+    version = ev->recorded;
+  }
+  ev->wait_for(version);
+  return acmeSuccess;
+}
+
+acmeError_t acmeEventElapsedTime(float* ms, acmeEvent_t start, acmeEvent_t end) {
+  if (acmeError_t e = enter()) return e;
+  if (!ms) return fail(acmeErrorInvalidValue, "acmeEventElapsedTime: ms is NULL");
+  std::shared_ptr<Event> events[2];
+  if (acmeError_t e = find_event(start, "acmeEventElapsedTime", &events[0])) return e;
+  if (acmeError_t e = find_event(end, "acmeEventElapsedTime", &events[1])) return e;
+  if (events[0]->device != events[1]->device)
+    return fail(acmeErrorDeviceMismatch,
+                "acmeEventElapsedTime: event %" PRIu64 " belongs to device %d and event %" PRIu64
+                " to device %d; elapsed time needs two events of one device",
+                events[0]->id, events[0]->device, events[1]->id, events[1]->device);
+  Clock::time_point when[2];
+  for (int i = 0; i < 2; ++i) {
+    Event& ev = *events[i];
+    if (!ev.timing)
+      return fail(acmeErrorInvalidValue,
+                  "acmeEventElapsedTime: event %" PRIu64 " was created without "
+                  "acmeEventTiming, so it takes no timestamps",
+                  ev.id);
+    std::lock_guard<std::mutex> lock(ev.mutex);
+    if (ev.recorded == 0)
+      return fail(acmeErrorInvalidValue, "acmeEventElapsedTime: event %" PRIu64
+                  " was never recorded", ev.id);
+    if (ev.completed < ev.recorded)
+      return fail(acmeErrorNotReady,
+                  "acmeEventElapsedTime: the latest record of event %" PRIu64
+                  " has not completed yet; synchronize the event first",
+                  ev.id);
+    when[i] = ev.when;
+  }
+  *ms = std::chrono::duration<float, std::milli>(when[1] - when[0]).count();
+  return acmeSuccess;
+}
+//< ch06 runtime-event-api
+
+}  // extern "C"
