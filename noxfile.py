@@ -1,4 +1,4 @@
-"""Sessions: chapter-N (build stage N, run chapters 0..N), tests, site.
+"""Sessions: chapter-N (build stage N, run chapters 0..N), tests, site, bench.
 
 All sessions share one environment (.nox/acme): torch alone is ~1 GB, and the
 stages differ by build folder and kernel, not by Python packages.
@@ -77,3 +77,63 @@ def site(session: nox.Session) -> None:
     build(session)
     run(session, "tools/make_notebooks.py")
     run(session, "-m", "sphinx", "-W", "--keep-going", "-E", "-b", "html", ".", "_build/html")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Build every stage, then time native kernels, fallback and builds into _build/bench."""
+    environment(session)
+    build(session)
+    run(session, "tools/bench.py", *session.posargs)
+
+
+# ---- reliability: sanitizers and differential fuzzing ----
+
+# What `nox -s sanitize` runs: the runtime, bad inputs, threads, leaks, a fuzz
+# smoke run, serialization, the stage matrix and a few chapters (each chapter
+# notebook runs in its own kernel, which inherits the sanitizer environment).
+SANITIZED_TESTS = ["tests/test_runtime.py", "tests/test_bad_inputs.py", "tests/test_threads.py",
+                   "tests/test_leaks.py", "tests/test_fuzz.py", "tests/test_serialization.py",
+                   "tests/test_clean_exit.py", "tests/test_stage_matrix.py", "tests/test_chapters.py",
+                   "-k", "not test_chapter_runs_against_its_stage or ch00 or ch02 or ch06 or ch07"]
+
+
+@nox.session
+def sanitize(session: nox.Session) -> None:
+    """Build every stage with ASan and UBSan (into <build>/sanitize) and run the reliability tests there."""
+    environment(session)
+    base = Path(os.environ.get("ACME_BUILD_DIR", ROOT / "_build")).resolve()
+    run(session, "tools/build_stages.py", "--kernels", "--sanitize", "--out", str(base))
+
+    def gcc_file(name: str) -> str:
+        return session.run("gcc", f"-print-file-name={name}", external=True, silent=True).strip()
+
+    # Python is not built with ASan, so its runtime must be loaded first, and
+    # libstdc++ with it (else ASan's __cxa_throw interceptor finds no real
+    # __cxa_throw: python does not link libstdc++, and the first C++ exception
+    # aborts with "CHECK failed: real___cxa_throw").
+    session.env["LD_PRELOAD"] = f"{gcc_file('libasan.so')} {gcc_file('libstdc++.so')}"
+    session.env["ACME_BUILD_DIR"] = str(base / "sanitize")
+    # Every Python allocation through malloc, so ASan checks them and LeakSanitizer
+    # can tell reachable from leaked (pymalloc's arenas are invisible to it).
+    session.env["PYTHONMALLOC"] = "malloc"
+    # handle_segv=0: in checked mode the runtime installs a SIGSEGV handler that
+    # reports a host access to device memory, then lets the fault kill the
+    # process as before (tests/test_runtime.py expects death by SIGSEGV). With
+    # ASan's own handler installed first, the re-raised fault would end in
+    # ASan's "SEGV on unknown address" report and exit status 1 instead. ASan
+    # still reports every invalid access it instruments; only wild faults lose
+    # its stack trace (the runtime's report and the signal remain).
+    # exitcode=86: a sanitizer report is never mistaken for a Python exception's 1.
+    session.env["ASAN_OPTIONS"] = "detect_leaks=1:handle_segv=0:exitcode=86:strict_string_checks=1"
+    session.env["LSAN_OPTIONS"] = f"suppressions={ROOT / 'tools' / 'sanitizers' / 'lsan.supp'}:print_suppressions=0"
+    session.env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1:exitcode=86"
+    run(session, "-m", "pytest", *(session.posargs or SANITIZED_TESTS))
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """Build every stage and run 10,000 random programs on acme and on the CPU (tools/fuzz.py)."""
+    environment(session)
+    build(session)
+    run(session, "tools/fuzz.py", "--programs", "10000", *session.posargs)

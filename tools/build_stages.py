@@ -7,7 +7,10 @@ stages in which it is identical: objects are named after a hash of the source,
 the project headers it includes (transitively) and the compile flags, so stage 3
 and stage 7 share ``allocator-<hash>.o`` when nothing in between touched it.
 
-Usage: python tools/build_stages.py [--upto N] [--out _build] [--kernels]
+Usage: python tools/build_stages.py [--upto N] [--out _build] [--kernels] [--sanitize]
+
+--sanitize builds into OUT/sanitize instead, with AddressSanitizer and
+UndefinedBehaviorSanitizer (see `nox -s sanitize`, which runs the tests there).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from tools import splitter  # noqa: E402
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 CXXFLAGS = ["-std=c++20", "-O2", "-g0", "-fPIC", "-fvisibility-inlines-hidden", "-Wall"]
+# --sanitize: appended to CXXFLAGS (the later -O1 and -g win), and given to the
+# links, which then depend on libasan: Python must LD_PRELOAD it (nox -s sanitize).
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-O1", "-g"]
 
 
 def torch_flags() -> tuple[list[str], list[str]]:
@@ -102,12 +108,13 @@ def plan_stage(graph: Graph, stage_dir: Path, torch_libs: str) -> None:
     graph.all_targets += [str(lib), str(ext)]
 
 
-def write_ninja(graph: Graph, flags: dict[str, list[str]]) -> Path:
+def write_ninja(graph: Graph, flags: dict[str, list[str]], sanitize: bool = False) -> Path:
     cc = "ccache g++" if shutil.which("ccache") else "g++"
     lines = [
         "ninja_required_version = 1.10",
         f"cxx = {cc}",
-        f"base = {' '.join(CXXFLAGS)}",
+        f"base = {' '.join(CXXFLAGS + (SANITIZE_FLAGS if sanitize else []))}",
+        f"ldflags = {SANITIZE_FLAGS[0] if sanitize else ''}",
         *(f"{rule}_flags = {' '.join(f)}" for rule, f in flags.items()),
         "",
     ]
@@ -122,11 +129,11 @@ def write_ninja(graph: Graph, flags: dict[str, list[str]]) -> Path:
         ]
     lines += [
         "rule link_runtime",
-        "  command = g++ -shared -o $out $in -Wl,-soname,libacme_runtime.so",
+        "  command = g++ -shared $ldflags -o $out $in -Wl,-soname,libacme_runtime.so",
         "  description = LINK $out",
         "",
         "rule link_ext",
-        "  command = g++ -shared -o $out $in -L$libdir -lacme_runtime $torch_libs"
+        "  command = g++ -shared $ldflags -o $out $in -L$libdir -lacme_runtime $torch_libs"
         " '-Wl,-rpath,$$ORIGIN'",
         "  description = LINK $out",
         "",
@@ -176,7 +183,7 @@ def install_kernel(number: int, stage_dir: Path, out: Path) -> None:
     write_if_changed(kernel_dir / "kernel.json", json.dumps(spec, indent=1) + "\n")
 
 
-def build(upto: int | None, out: Path, kernels: bool, jobs: int) -> list[Path]:
+def build(upto: int | None, out: Path, kernels: bool, jobs: int, sanitize: bool = False) -> list[Path]:
     chapters = [c for c in splitter.load_manifest(ROOT) if upto is None or c.number <= upto]
     if not chapters:
         raise SystemExit(f"no chapter numbered <= {upto} in chapters/chapters.toml")
@@ -199,7 +206,7 @@ def build(upto: int | None, out: Path, kernels: bool, jobs: int) -> list[Path]:
         stage_dir = (out / "stages" / f"stage-{chapter.number:02d}").resolve()
         plan_stage(graph, stage_dir, " ".join(torch_libs))
         stage_dirs.append((chapter.number, stage_dir))
-    ninja_path = write_ninja(graph, flags)
+    ninja_path = write_ninja(graph, flags, sanitize)
     ninja = shutil.which("ninja") or "ninja"
     subprocess.run([ninja, "-f", str(ninja_path), f"-j{jobs}"], check=True, cwd=out)
 
@@ -220,8 +227,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "_build")
     parser.add_argument("--kernels", action="store_true", help="write a Jupyter kernel per stage into OUT/jupyter")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--sanitize", action="store_true",
+                        help="build into OUT/sanitize with -fsanitize=address,undefined")
     args = parser.parse_args()
-    build(args.upto, args.out.resolve(), args.kernels, args.jobs)
+    out = args.out.resolve() / "sanitize" if args.sanitize else args.out.resolve()
+    build(args.upto, out, args.kernels, args.jobs, args.sanitize)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,737 @@
+//@ ch10
+// Native kernels: the hot ops computed where acme's data lives, without the
+// CPU fallback's two host copies. Each kernel reads and writes device memory
+// through the runtime's device-side view (acmeDeviceAccess); the arithmetic
+// itself is borrowed from PyTorch's CPU kernels, which is the part a real
+// vendor replaces with its own.
+//> ch10 stub-abi
+// DispatchStub's inline code must be compiled with the CPU kernel variants
+// libtorch was built with, or it calls a DispatchStubImpl::get_call_ptr
+// overload libtorch does not export (x86-64 wheels: AVX2 and AVX-512).
+#if defined(__x86_64__) && !defined(HAVE_AVX2_CPU_DEFINITION)
+#define HAVE_AVX512_CPU_DEFINITION
+#define HAVE_AVX2_CPU_DEFINITION
+#endif
+//< ch10 stub-abi
+#include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/BinaryOps.h>
+#include <ATen/native/Fill.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_log_softmax.h>
+#include <ATen/ops/_log_softmax_meta.h>
+#include <ATen/ops/_softmax.h>
+#include <ATen/ops/_softmax_meta.h>
+#include <ATen/ops/add_native.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/addmm_meta.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/amax_meta.h>
+#include <ATen/ops/amin.h>
+#include <ATen/ops/amin_meta.h>
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/argmax_meta.h>
+#include <ATen/ops/argmin.h>
+#include <ATen/ops/argmin_meta.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/bmm_meta.h>
+#include <ATen/ops/copy_native.h>
+#include <ATen/ops/div_native.h>
+#include <ATen/ops/eq_native.h>
+#include <ATen/ops/fill_native.h>
+#include <ATen/ops/ge_native.h>
+#include <ATen/ops/gt_native.h>
+#include <ATen/ops/le_native.h>
+#include <ATen/ops/lt_native.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/max_meta.h>
+#include <ATen/ops/mean.h>
+#include <ATen/ops/mean_meta.h>
+#include <ATen/ops/min.h>
+#include <ATen/ops/min_meta.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mm_meta.h>
+#include <ATen/ops/mul_native.h>
+#include <ATen/ops/ne_native.h>
+#include <ATen/ops/sub_native.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/sum_meta.h>
+#include <ATen/ops/zero_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <array>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "aten/acme_check.h"
+#include "aten/allocator.h"
+
+namespace acme {
+namespace {
+
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;
+const c10::DispatchKeySet kAcmeKeys{c10::DispatchKey::PrivateUse1};
+
+//> ch10 views
+// Where a kernel "running on the device" reads and writes a device pointer.
+void* device_address(const void* device_pointer) {
+  void* view = nullptr;
+  ACME_CHECK(acmeDeviceAccess(&view, device_pointer));
+  return view;
+}
+
+// CPU tensors that alias device memory through its device-side view: same
+// sizes, strides, storage offset and dtype, no copy. Tensors sharing a device
+// storage get views sharing one CPU storage, so the CPU kernels' own aliasing
+// and overlap checks still see what aliases what. Views live for one kernel
+// call; the device tensors they alias outlive it.
+class DeviceViews {
+ public:
+  at::Tensor operator()(const at::TensorBase& t) {
+    if (!t.defined() || t.device().type() != kAcme) return at::Tensor(t);
+    for (const auto& [impl, view] : tensors_)
+      if (impl == t.unsafeGetTensorImpl()) return view;
+    at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
+        storage_of(t), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+    auto* impl = view.unsafeGetTensorImpl();
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    impl->_set_conj(t.is_conj());  // lazy conjugation and negation travel along
+    impl->_set_neg(t.is_neg());
+    tensors_.emplace_back(t.unsafeGetTensorImpl(), view);
+    return view;
+  }
+
+ private:
+  c10::Storage storage_of(const at::TensorBase& t) {
+    const c10::StorageImpl* device_storage = t.storage().unsafeGetStorageImpl();
+    for (const auto& [impl, storage] : storages_)
+      if (impl == device_storage) return storage;
+    const size_t nbytes = t.storage().nbytes();
+    void* view = nbytes == 0 ? nullptr : device_address(t.storage().data());
+    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                         c10::DataPtr(view, c10::Device(c10::kCPU)),
+                         /*allocator=*/nullptr, /*resizable=*/false);
+    storages_.emplace_back(device_storage, storage);
+    return storage;
+  }
+
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
+  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> tensors_;
+};
+//< ch10 views
+
+//> ch10 outputs
+// A new acme tensor on the device the options name (the device guard makes
+// it current, so the allocator serves it).
+at::Tensor allocate(at::IntArrayRef sizes, at::IntArrayRef strides,
+                    const at::TensorOptions& options) {
+  const c10::DeviceGuard guard(options.device());
+  const auto dtype = options.dtype().toScalarType();
+  if (strides.empty()) {
+    return at::detail::empty_generic(sizes, device_allocator(), kAcmeKeys, dtype,
+                                     options.memory_format_opt());
+  }
+  return at::detail::empty_strided_generic(sizes, strides, device_allocator(), kAcmeKeys,
+                                           dtype);
+}
+
+// A structured op is ATen's `meta` (checks, broadcasting, type promotion,
+// output shape and strides) plus an `impl` that computes. `meta` announces
+// each output through set_output_*; these three wrappers answer it for the
+// three forms of an op, as PyTorch's generated code does for CPU and CUDA.
+template <class Op>
+constexpr bool kIterates = std::is_base_of_v<at::TensorIteratorBase, Op>;
+
+// torch.add(a, b): outputs are allocated on the device.
+template <class Op, size_t N = 1>
+struct Functional final : Op {
+  void set_output_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                          at::TensorOptions options) override {
+    set_output_raw_strided(i, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                              at::TensorOptions options) override {
+    outputs[i] = allocate(sizes, strides, options);
+    // A TensorIterator also records the output as its operand.
+    if constexpr (kIterates<Op>) Op::set_output_raw_strided(i, sizes, strides, options);
+  }
+  const at::Tensor& maybe_get_output(int64_t i) override { return outputs[i]; }
+
+  std::array<at::Tensor, N> outputs;
+};
+
+// a.add_(b): the output is `a`, which must already have the result's shape and
+// dtype. A kernel that needs other strides gets a proxy, copied back after.
+template <class Op>
+struct Inplace final : Op {
+  explicit Inplace(const at::Tensor& self) : self(self) {}
+  void set_output_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                          at::TensorOptions options) override {
+    check(sizes, options);
+    if (self.strides() != strides) proxy = allocate(sizes, strides, options);
+    if constexpr (kIterates<Op>) Op::set_output_raw_strided(i, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                              at::TensorOptions options) override {
+    check(sizes, options);
+    if constexpr (kIterates<Op>) Op::set_output_raw_strided(i, sizes, strides, options);
+  }
+  const at::Tensor& maybe_get_output(int64_t) override { return proxy ? *proxy : self; }
+  void check(at::IntArrayRef sizes, const at::TensorOptions& options) const {
+    TORCH_CHECK(options.dtype() == self.dtype(), "Bad in-place call: input tensor dtype ",
+                self.dtype(), " and output tensor dtype ", options.dtype(), " should match");
+    TORCH_CHECK(options.device() == self.device(), "Bad in-place call: input tensor device ",
+                self.device(), " and output tensor device ", options.device(), " should match");
+    TORCH_CHECK(sizes == self.sizes(), "Bad in-place call: input tensor size ", self.sizes(),
+                " and output tensor size ", sizes, " should match");
+  }
+  void finish() {
+    if (proxy) self.copy_(*proxy);
+  }
+
+  const at::Tensor& self;
+  std::optional<at::Tensor> proxy;
+};
+
+// torch.add(a, b, out=o): `o` is resized to the result's shape (PyTorch's
+// resize_output, with its warning for a non-empty `o`), its dtype checked.
+template <class Op, size_t N = 1>
+struct Out final : Op {
+  template <class... T>
+  explicit Out(const T&... outs) : outputs{std::cref(outs)...} {}
+  void set_output_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                          at::TensorOptions options) override {
+    prepare(i, sizes, strides, options);
+    if (outputs[i].get().strides() != strides) proxies[i] = allocate(sizes, strides, options);
+    if constexpr (kIterates<Op>) Op::set_output_raw_strided(i, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+                              at::TensorOptions options) override {
+    prepare(i, sizes, strides, options);
+    if constexpr (kIterates<Op>) Op::set_output_raw_strided(i, sizes, strides, options);
+  }
+  const at::Tensor& maybe_get_output(int64_t i) override {
+    return proxies[i] ? *proxies[i] : outputs[i].get();
+  }
+  void prepare(int64_t i, at::IntArrayRef sizes, at::IntArrayRef strides,
+               const at::TensorOptions& options) {
+    const at::Tensor& out = outputs[i];
+    TORCH_CHECK(options.dtype() == out.dtype(), "Expected out tensor to have dtype ",
+                options.dtype(), ", but got ", out.dtype(), " instead");
+    TORCH_CHECK(options.device() == out.device(), "Expected out tensor to have device ",
+                options.device(), ", but got ", out.device(), " instead");
+    if (at::native::resize_output(out, sizes)) {
+      if (!strides.empty()) {
+        out.as_strided_(sizes, strides);
+      } else if (options.memory_format_opt()) {
+        out.unsafeGetTensorImpl()->empty_tensor_restride(*options.memory_format_opt());
+      }
+    }
+  }
+  void finish() {
+    for (size_t i = 0; i < N; ++i)
+      if (proxies[i]) outputs[i].get().copy_(*proxies[i]);
+  }
+
+  std::array<std::reference_wrapper<const at::Tensor>, N> outputs;
+  std::array<std::optional<at::Tensor>, N> proxies;
+};
+//< ch10 outputs
+
+//> ch10 same-device
+// A TensorIterator refuses tensors of two devices by itself (CPU scalars
+// allowed). The other kernels check here, as PyTorch's generated wrappers do.
+struct SameDevice {
+  const char* op;
+  std::optional<c10::Device> first;
+  void operator()(const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (!first) first = t.device();
+    TORCH_CHECK(t.device() == *first,
+                "Expected all tensors to be on the same device, but found at least two "
+                "devices, ", *first, " and ", t.device(), "! (in acme's kernel for ", op, ")");
+  }
+  template <class T>
+  void operator()(const T&) {}
+};
+
+template <class Op, class... Args>
+void check_devices(const Args&... args) {
+  if constexpr (!kIterates<Op>) {
+    SameDevice check{Op::name};
+    (check(args), ...);
+  }
+}
+//< ch10 same-device
+
+//> ch10 forms
+// The three forms of a single-output structured op: meta, then impl. Rest is
+// the schema's arguments after `self`.
+template <class Op, class... Rest>
+struct Structured {
+  static at::Tensor functional(const at::Tensor& self, Rest... rest) {
+    check_devices<Op>(self, rest...);
+    Functional<Op> op;
+    op.meta(self, rest...);
+    op.impl(self, rest..., op.outputs[0]);
+    return std::move(op.outputs[0]);
+  }
+
+  static at::Tensor& inplace(at::Tensor& self, Rest... rest) {
+    check_devices<Op>(self, rest...);
+    Inplace<Op> op(self);
+    op.meta(self, rest...);
+    op.impl(self, rest..., op.maybe_get_output(0));
+    op.finish();
+    return self;
+  }
+
+  static at::Tensor& out(const at::Tensor& self, Rest... rest, at::Tensor& out) {
+    check_devices<Op>(self, rest..., out);
+    Out<Op> op(out);
+    op.meta(self, rest...);
+    op.impl(self, rest..., op.maybe_get_output(0));
+    op.finish();
+    return out;
+  }
+};
+//< ch10 forms
+
+//> ch10 launch
+// How acme runs a CPU kernel that a DispatchStub hands a TensorIterator over
+// device tensors. ATen's meta has already broadcast, promoted and allocated;
+// what is left is memory. The common case: every operand already has the
+// computation dtype, so the kernel runs on this very iterator, each device
+// operand's pointer swapped for its device-side view.
+bool runs_as_is(const at::TensorIteratorBase& iter) {
+  const auto common = iter.maybe_common_dtype();
+  if (!common) return true;
+  for (int i = 0; i < iter.ntensors(); ++i) {
+    const bool bool_result = i < iter.noutputs() && iter.dtype(i) == at::kBool;
+    if (iter.dtype(i) != *common && !bool_result) return false;
+  }
+  return true;
+}
+
+// Otherwise a device kernel would convert while it loads (CUDA's do); the CPU
+// kernels cannot, since off the CPU a TensorIterator leaves casting to the
+// kernel. So acme rebuilds the iterator on the CPU over device views, with
+// the same builder the op's meta used, and the CPU iterator converts.
+using Builder = at::TensorIterator (*)(at::TensorBase&, const at::TensorBase&,
+                                       const at::TensorBase&);
+
+template <class Kernel>
+void launch(at::TensorIteratorBase& iter, Builder rebuild, const Kernel& cpu_kernel) {
+  if (iter.numel() == 0) return;
+  if (runs_as_is(iter)) {
+    for (int i = 0; i < iter.ntensors(); ++i) {
+      if (iter.device_type(i) == kAcme)
+        iter.unsafe_replace_operand(i, device_address(iter.data_ptr(i)));
+    }
+    cpu_kernel(iter);
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(rebuild && iter.ntensors() == 3, "acme: no rebuild for this stub");
+  DeviceViews view;
+  at::TensorBase out = view(iter.tensor_base(0));
+  const at::TensorBase a = view(iter.tensor_base(1));
+  const at::TensorBase b = view(iter.tensor_base(2));
+  at::TensorIterator on_cpu = rebuild(out, a, b);
+  cpu_kernel(on_cpu);
+}
+
+at::TensorIterator binary(at::TensorBase& out, const at::TensorBase& a, const at::TensorBase& b) {
+  return at::TensorIterator::borrowing_binary_op(out, a, b);
+}
+at::TensorIterator binary_float(at::TensorBase& out, const at::TensorBase& a,
+                                const at::TensorBase& b) {
+  return at::TensorIterator::binary_float_op(out, a, b);
+}
+at::TensorIterator comparison(at::TensorBase& out, const at::TensorBase& a,
+                              const at::TensorBase& b) {
+  return at::TensorIterator::comparison_op(out, a, b);
+}
+//< ch10 launch
+
+//> ch10 stub-kernels
+// The acme kernels behind ATen's stubs. Each one "launches" on the device;
+// here the launch runs the CPU implementation of the same stub.
+void add_kernel(at::TensorIteratorBase& iter, const c10::Scalar& alpha) {
+  launch(iter, binary, [&](at::TensorIteratorBase& it) {
+    at::native::add_stub(c10::kCPU, it, alpha);
+  });
+}
+//< ch10 stub-kernels
+
+// The stubs of one signature, `void(TensorIteratorBase&)`, share a template.
+template <auto& stub, Builder rebuild>
+void iterator_kernel(at::TensorIteratorBase& iter) {
+  launch(iter, rebuild, [](at::TensorIteratorBase& it) { stub(c10::kCPU, it); });
+}
+
+//> ch10 fill-kernel
+void fill_kernel(at::TensorIterator& iter, const c10::Scalar& value) {
+  launch(iter, nullptr, [&](at::TensorIteratorBase& it) {
+    at::native::fill_stub(c10::kCPU, static_cast<at::TensorIterator&>(it), value);
+  });
+}
+//< ch10 fill-kernel
+
+//> ch10 matmul
+// Structured kernels of acme's own: ATen's meta computes the output, acme's
+// impl computes the values. The impl runs PyTorch's CPU kernel on views of
+// the device memory, writing straight into the device output.
+struct Mm : at::meta::structured_mm {
+  static constexpr const char* name = "aten::mm";
+  void impl(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& out) {
+    DeviceViews view;
+    at::Tensor result = view(out);
+    at::mm_out(result, view(self), view(mat2));
+  }
+};
+//< ch10 matmul
+
+struct Bmm : at::meta::structured_bmm {
+  static constexpr const char* name = "aten::bmm";
+  void impl(const at::Tensor& self, const at::Tensor& mat2, const at::Tensor& out) {
+    DeviceViews view;
+    at::Tensor result = view(out);
+    at::bmm_out(result, view(self), view(mat2));
+  }
+};
+
+struct Addmm : at::meta::structured_addmm {
+  static constexpr const char* name = "aten::addmm";
+  void impl(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
+            const c10::Scalar& beta, const c10::Scalar& alpha, const at::Tensor& out) {
+    DeviceViews view;  // for addmm_, `out` is `self`: one view serves both
+    at::Tensor result = view(out);
+    at::addmm_out(result, view(self), view(mat1), view(mat2), beta, alpha);
+  }
+};
+
+struct Softmax : at::meta::structured__softmax {
+  static constexpr const char* name = "aten::_softmax";
+  void impl(const at::Tensor& self, int64_t dim, bool half_to_float, const at::Tensor& out) {
+    DeviceViews view;
+    at::Tensor result = view(out);
+    at::_softmax_out(result, view(self), dim, half_to_float);
+  }
+};
+
+struct LogSoftmax : at::meta::structured__log_softmax {
+  static constexpr const char* name = "aten::_log_softmax";
+  void impl(const at::Tensor& self, int64_t dim, bool half_to_float, const at::Tensor& out) {
+    DeviceViews view;
+    at::Tensor result = view(out);
+    at::_log_softmax_out(result, view(self), dim, half_to_float);
+  }
+};
+
+//> ch10 reductions
+// Reductions too. (sum_stub cannot be borrowed: the CPU's parallel reduction
+// allocates its per-thread partials like its output, on acme, and writes them
+// through raw pointers.) On views, those partials are host scratch memory.
+struct Sum : at::meta::structured_sum_dim_IntList {
+  static constexpr const char* name = "aten::sum";
+  void impl(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+            std::optional<at::ScalarType> dtype, const at::Tensor& out) {
+    DeviceViews view;
+    at::Tensor result = view(out);
+    at::sum_out(result, view(self), dim, keepdim, dtype);
+  }
+};
+//< ch10 reductions
+
+struct Mean : at::meta::structured_mean_dim {
+  static constexpr const char* name = "aten::mean";
+  void impl(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+            std::optional<at::ScalarType> dtype, const at::Tensor& out) {
+    DeviceViews view;
+    at::Tensor result = view(out);
+    at::mean_out(result, view(self), dim, keepdim, dtype);
+  }
+};
+
+struct Amax : at::meta::structured_amax {
+  static constexpr const char* name = "aten::amax";
+  void impl(const at::Tensor& self, at::IntArrayRef dim, bool keepdim, const at::Tensor& out) {
+    DeviceViews view;
+    at::Tensor result = view(out);
+    at::amax_out(result, view(self), dim, keepdim);
+  }
+};
+
+struct Amin : at::meta::structured_amin {
+  static constexpr const char* name = "aten::amin";
+  void impl(const at::Tensor& self, at::IntArrayRef dim, bool keepdim, const at::Tensor& out) {
+    DeviceViews view;
+    at::Tensor result = view(out);
+    at::amin_out(result, view(self), dim, keepdim);
+  }
+};
+
+struct Argmax : at::meta::structured_argmax {
+  static constexpr const char* name = "aten::argmax";
+  void impl(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim,
+            const at::Tensor& out) {
+    DeviceViews view;
+    at::Tensor result = view(out);
+    at::argmax_out(result, view(self), dim, keepdim);
+  }
+};
+
+struct Argmin : at::meta::structured_argmin {
+  static constexpr const char* name = "aten::argmin";
+  void impl(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim,
+            const at::Tensor& out) {
+    DeviceViews view;
+    at::Tensor result = view(out);
+    at::argmin_out(result, view(self), dim, keepdim);
+  }
+};
+
+// max(dim) and min(dim): two outputs, and a meta that returns the wrapped dim.
+template <class Meta, bool is_max>
+struct ValuesIndices : Meta {
+  static constexpr const char* name = is_max ? "aten::max.dim" : "aten::min.dim";
+  void impl(const at::Tensor& self, int64_t dim, bool keepdim, const at::Tensor& values,
+            const at::Tensor& indices) {
+    DeviceViews view;
+    at::Tensor v = view(values);
+    at::Tensor i = view(indices);
+    if constexpr (is_max) {
+      at::max_out(v, i, view(self), dim, keepdim);
+    } else {
+      at::min_out(v, i, view(self), dim, keepdim);
+    }
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> functional(const at::Tensor& self, int64_t dim,
+                                                       bool keepdim) {
+    Functional<ValuesIndices, 2> op;
+    const auto pre = op.meta(self, dim, keepdim);
+    op.impl(self, pre.dim, keepdim, op.outputs[0], op.outputs[1]);
+    return {std::move(op.outputs[0]), std::move(op.outputs[1])};
+  }
+
+  static std::tuple<at::Tensor&, at::Tensor&> out(const at::Tensor& self, int64_t dim,
+                                                  bool keepdim, at::Tensor& values,
+                                                  at::Tensor& indices) {
+    check_devices<ValuesIndices>(self, values, indices);
+    Out<ValuesIndices, 2> op(values, indices);
+    const auto pre = op.meta(self, dim, keepdim);
+    op.impl(self, pre.dim, keepdim, op.maybe_get_output(0), op.maybe_get_output(1));
+    op.finish();
+    return {values, indices};
+  }
+};
+using MaxDim = ValuesIndices<at::meta::structured_max_dim, true>;
+using MinDim = ValuesIndices<at::meta::structured_min_dim, false>;
+
+// max() and min() of a whole tensor are not structured: a plain kernel.
+template <bool is_max>
+at::Tensor& extremum_out(const at::Tensor& self, at::Tensor& out) {
+  SameDevice check{is_max ? "aten::max" : "aten::min"};
+  check(self);
+  check(out);
+  at::native::resize_output(out, {});
+  TORCH_CHECK(out.dtype() == self.dtype(), "Expected out tensor to have dtype ", self.dtype(),
+              ", but got ", out.dtype(), " instead");
+  DeviceViews view;
+  at::Tensor result = view(out);
+  if constexpr (is_max) {
+    at::max_out(result, view(self));
+  } else {
+    at::min_out(result, view(self));
+  }
+  return out;
+}
+
+template <bool is_max>
+at::Tensor extremum(const at::Tensor& self) {
+  // As on the CPU: only the functional form refuses an empty tensor.
+  TORCH_CHECK(self.numel() > 0, is_max ? "max" : "min",
+              "(): Expected reduction dim to be specified for input.numel() == 0. Specify "
+              "the reduction dim with the 'dim' argument.");
+  at::Tensor out = allocate({}, {}, self.options());
+  return extremum_out<is_max>(self, out);
+}
+
+//> ch10 copy
+// Between two acme tensors, copy_ converts dtype and layout on the device:
+// the CPU's copy kernel over both views (a lazily conjugated source is
+// conjugated on the way). Any pair with a CPU side takes ATen's copy_, which
+// reaches acme's _copy_from (chapter 1).
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  const bool on_acme = self.device().type() == kAcme && src.device().type() == kAcme;
+  if (!on_acme || self._is_zerotensor() || src._is_zerotensor())
+    return at::native::copy_(self, src, non_blocking);
+  // The same refusal, in the same words, as chapter 1's copies.
+  TORCH_CHECK(at::is_expandable_to(src.sizes(), self.sizes()), "acme copy: source of shape ",
+              src.sizes(), " cannot be copied into a destination of shape ", self.sizes());
+  if (self.is_same(src) || self.numel() == 0) return self;
+  DeviceViews view;
+  at::Tensor destination = view(self);
+  destination.copy_(view(src));
+  return self;
+}
+//< ch10 copy
+
+}  // namespace
+}  // namespace acme
+
+//> ch10 register-stubs
+// Scenario two of PyTorch's PrivateUse1 guide: acme implementations of ATen's
+// own stubs. A stub is reached only through an ATen function that calls it
+// with the tensors' device type: the registrations further down provide them.
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(add_stub, &acme::add_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(fill_stub, &acme::fill_kernel)
+}  // namespace at::native
+//< ch10 register-stubs
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(mul_stub, (&acme::iterator_kernel<mul_stub, acme::binary>))
+REGISTER_PRIVATEUSE1_DISPATCH(div_true_stub,
+                              (&acme::iterator_kernel<div_true_stub, acme::binary_float>))
+REGISTER_PRIVATEUSE1_DISPATCH(div_floor_stub,
+                              (&acme::iterator_kernel<div_floor_stub, acme::binary>))
+REGISTER_PRIVATEUSE1_DISPATCH(div_trunc_stub,
+                              (&acme::iterator_kernel<div_trunc_stub, acme::binary>))
+REGISTER_PRIVATEUSE1_DISPATCH(eq_stub, (&acme::iterator_kernel<eq_stub, acme::comparison>))
+REGISTER_PRIVATEUSE1_DISPATCH(ne_stub, (&acme::iterator_kernel<ne_stub, acme::comparison>))
+REGISTER_PRIVATEUSE1_DISPATCH(lt_stub, (&acme::iterator_kernel<lt_stub, acme::comparison>))
+REGISTER_PRIVATEUSE1_DISPATCH(le_stub, (&acme::iterator_kernel<le_stub, acme::comparison>))
+REGISTER_PRIVATEUSE1_DISPATCH(gt_stub, (&acme::iterator_kernel<gt_stub, acme::comparison>))
+REGISTER_PRIVATEUSE1_DISPATCH(ge_stub, (&acme::iterator_kernel<ge_stub, acme::comparison>))
+}  // namespace at::native
+
+namespace acme {
+namespace {
+//> ch10 structured-add
+// ATen's structured add: its meta, and an impl that only calls
+// add_stub(device_type(), ...). PyTorch generates it for the CPU, hence the
+// name; nothing in it is CPU-specific.
+using Add = Structured<at::native::structured_ufunc_add_CPU, const at::Tensor&,
+                       const c10::Scalar&>;
+//< ch10 structured-add
+using Sub = Structured<at::native::structured_sub_out, const at::Tensor&, const c10::Scalar&>;
+using Mul = Structured<at::native::structured_mul_out, const at::Tensor&>;
+using Div = Structured<at::native::structured_div_out, const at::Tensor&>;
+using DivMode = Structured<at::native::structured_div_out_mode, const at::Tensor&,
+                           std::optional<c10::string_view>>;
+using AddmmForms = Structured<Addmm, const at::Tensor&, const at::Tensor&, const c10::Scalar&,
+                              const c10::Scalar&>;
+using SumForms = Structured<Sum, at::OptionalIntArrayRef, bool, std::optional<at::ScalarType>>;
+using MeanForms = Structured<Mean, at::OptionalIntArrayRef, bool, std::optional<at::ScalarType>>;
+}  // namespace
+}  // namespace acme
+
+//> ch10 register
+// Through ATen's structured classes, to acme's stubs.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using namespace acme;
+  m.impl("add.Tensor", TORCH_FN(Add::functional));
+  m.impl("add_.Tensor", TORCH_FN(Add::inplace));
+  m.impl("add.out", TORCH_FN(Add::out));
+}
+//< ch10 register
+
+// The same for the rest of the arithmetic and the comparisons.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using namespace acme;
+  m.impl("sub.Tensor", TORCH_FN(Sub::functional));
+  m.impl("sub_.Tensor", TORCH_FN(Sub::inplace));
+  m.impl("sub.out", TORCH_FN(Sub::out));
+  m.impl("mul.Tensor", TORCH_FN(Mul::functional));
+  m.impl("mul_.Tensor", TORCH_FN(Mul::inplace));
+  m.impl("mul.out", TORCH_FN(Mul::out));
+  m.impl("div.Tensor", TORCH_FN(Div::functional));
+  m.impl("div_.Tensor", TORCH_FN(Div::inplace));
+  m.impl("div.out", TORCH_FN(Div::out));
+  m.impl("div.Tensor_mode", TORCH_FN(DivMode::functional));
+  m.impl("div_.Tensor_mode", TORCH_FN(DivMode::inplace));
+  m.impl("div.out_mode", TORCH_FN(DivMode::out));
+//> ch10 register-comparisons
+  // Six comparisons, each against a tensor or a scalar, in three forms.
+#define ACME_COMPARISON(op)                                                              \
+  {                                                                                      \
+    using T = Structured<at::native::structured_##op##_Tensor_out, const at::Tensor&>;   \
+    using S = Structured<at::native::structured_##op##_Scalar_out, const c10::Scalar&>;  \
+    m.impl(#op ".Tensor", TORCH_FN(T::functional));                                      \
+    m.impl(#op "_.Tensor", TORCH_FN(T::inplace));                                        \
+    m.impl(#op ".Tensor_out", TORCH_FN(T::out));                                         \
+    m.impl(#op ".Scalar", TORCH_FN(S::functional));                                      \
+    m.impl(#op "_.Scalar", TORCH_FN(S::inplace));                                        \
+    m.impl(#op ".Scalar_out", TORCH_FN(S::out));                                         \
+  }
+  ACME_COMPARISON(eq)
+  ACME_COMPARISON(ne)
+  ACME_COMPARISON(lt)
+  ACME_COMPARISON(le)
+  ACME_COMPARISON(gt)
+  ACME_COMPARISON(ge)
+#undef ACME_COMPARISON
+//< ch10 register-comparisons
+}
+
+//> ch10 register-fill
+// ATen's own device-generic functions, which reach acme's fill_stub; and
+// acme's copy_.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using FillScalar = at::Tensor& (*)(at::Tensor&, const c10::Scalar&);
+  using FillTensor = at::Tensor& (*)(at::Tensor&, const at::Tensor&);
+  m.impl("fill_.Scalar", TORCH_FN(static_cast<FillScalar>(at::native::fill_)));
+  m.impl("fill_.Tensor", TORCH_FN(static_cast<FillTensor>(at::native::fill_)));
+  m.impl("zero_", TORCH_FN(at::native::zero_));
+  m.impl("copy_", TORCH_FN(acme::copy_));
+}
+//< ch10 register-fill
+
+//> ch10 register-direct
+// Structured kernels with acme's own impl.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using namespace acme;
+  m.impl("mm", TORCH_FN((Structured<Mm, const at::Tensor&>::functional)));
+  m.impl("mm.out", TORCH_FN((Structured<Mm, const at::Tensor&>::out)));
+}
+//< ch10 register-direct
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using namespace acme;
+  m.impl("bmm", TORCH_FN((Structured<Bmm, const at::Tensor&>::functional)));
+  m.impl("bmm.out", TORCH_FN((Structured<Bmm, const at::Tensor&>::out)));
+  m.impl("addmm", TORCH_FN(AddmmForms::functional));
+  m.impl("addmm_", TORCH_FN(AddmmForms::inplace));
+  m.impl("addmm.out", TORCH_FN(AddmmForms::out));
+  m.impl("_softmax", TORCH_FN((Structured<Softmax, int64_t, bool>::functional)));
+  m.impl("_softmax.out", TORCH_FN((Structured<Softmax, int64_t, bool>::out)));
+  m.impl("_log_softmax", TORCH_FN((Structured<LogSoftmax, int64_t, bool>::functional)));
+  m.impl("_log_softmax.out", TORCH_FN((Structured<LogSoftmax, int64_t, bool>::out)));
+  m.impl("sum.dim_IntList", TORCH_FN(SumForms::functional));
+  m.impl("sum.IntList_out", TORCH_FN(SumForms::out));
+  m.impl("mean.dim", TORCH_FN(MeanForms::functional));
+  m.impl("mean.out", TORCH_FN(MeanForms::out));
+  m.impl("amax", TORCH_FN((Structured<Amax, at::IntArrayRef, bool>::functional)));
+  m.impl("amax.out", TORCH_FN((Structured<Amax, at::IntArrayRef, bool>::out)));
+  m.impl("amin", TORCH_FN((Structured<Amin, at::IntArrayRef, bool>::functional)));
+  m.impl("amin.out", TORCH_FN((Structured<Amin, at::IntArrayRef, bool>::out)));
+  m.impl("argmax", TORCH_FN((Structured<Argmax, std::optional<int64_t>, bool>::functional)));
+  m.impl("argmax.out", TORCH_FN((Structured<Argmax, std::optional<int64_t>, bool>::out)));
+  m.impl("argmin", TORCH_FN((Structured<Argmin, std::optional<int64_t>, bool>::functional)));
+  m.impl("argmin.out", TORCH_FN((Structured<Argmin, std::optional<int64_t>, bool>::out)));
+  m.impl("max.dim", TORCH_FN(MaxDim::functional));
+  m.impl("max.dim_max", TORCH_FN(MaxDim::out));
+  m.impl("min.dim", TORCH_FN(MinDim::functional));
+  m.impl("min.dim_min", TORCH_FN(MinDim::out));
+  m.impl("max", TORCH_FN(extremum<true>));
+  m.impl("max.unary_out", TORCH_FN(extremum_out<true>));
+  m.impl("min", TORCH_FN(extremum<false>));
+  m.impl("min.unary_out", TORCH_FN(extremum_out<false>));
+}
