@@ -14,7 +14,8 @@ project = "Out of Tree"
 author = "Out of Tree"
 copyright = "2026, Out of Tree"
 
-extensions = ["myst_nb", "sphinx_tabs.tabs", "sphinx_togglebutton", "acme_book"]
+extensions = ["myst_nb", "sphinx_tabs.tabs", "sphinx_togglebutton", "acme_book",
+              "acme_errors"]  # docs/errors.md's tables, from tests/bad_inputs.toml
 root_doc = "docs/index"
 exclude_patterns = ["_build", ".nox", ".git", ".ci", "README.md", "tests", "csrc", "src",
                     "tools", "**/.ipynb_checkpoints", ".pytest_cache"]

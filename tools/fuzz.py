@@ -31,6 +31,11 @@ operand, because a later exact op would amplify an allowed difference):
 - prod: n * eps_acc * prod|x| (each multiplication rounds once).
 - norm (2-norm): (n + 2) * eps_acc * |result| (squares and sum are positive;
   the square root halves the relative error and rounds once).
+- softmax: (n + 4) * eps_acc * |result| (n exponentials of about an ulp each,
+  a sum of n positive terms, a division); log_softmax: (n + 4) * eps_acc *
+  (1 + |result|), the same error on the log of the sum, which is absolute.
+- addmm: the matrix product's bound plus eps_acc * (|bias| + |a| @ |b|), for
+  the one more rounding of the sum.
 - exp, log, sin, tanh, sigmoid, pow(x, 1.5): 4 ulp of the result. PyTorch's CPU
   kernels use SLEEF's vector code (1 ulp) for full vectors and libm for the
   tail, so even two correct kernels may differ by an ulp or two.
@@ -247,6 +252,17 @@ def _b_matmul(a, b):
     return k * max(_acc_eps(a), _acc_eps(b)) * (_abs64(a) @ _abs64(b))
 
 
+def _b_addmm(c, a, b):
+    product = _abs64(a) @ _abs64(b)
+    return _b_matmul(a, b) + max(_acc_eps(a), _acc_eps(c)) * (_abs64(c) + product)
+
+
+def _b_softmax(t, dim, result, log=False):
+    n = t.shape[dim] if t.dim() else 1
+    scale = 1 + _abs64(result) if log else _abs64(result)
+    return (n + 4) * _acc_eps(t) * scale
+
+
 def _b_ulps(result, ulps=4):
     import torch
 
@@ -254,7 +270,8 @@ def _b_ulps(result, ulps=4):
 
 
 PRELUDE_CODE = compile(PRELUDE, "<fuzz prelude>", "exec")
-BOUND_HELPERS = {f.__name__: f for f in (_b_sum, _b_cumsum, _b_prod, _b_norm, _b_matmul, _b_ulps)}
+BOUND_HELPERS = {f.__name__: f for f in (_b_sum, _b_cumsum, _b_prod, _b_norm, _b_matmul, _b_addmm,
+                                           _b_softmax, _b_ulps)}
 
 
 # ---- comparing two runs ----
@@ -609,6 +626,11 @@ class Generator:
             # (e.g. y = x.square(); x.add_(y)), so acme's leak check would fail.
             if v.grad and v.used:
                 return False
+            # The same cycle through a view: in an autograd program, nothing that
+            # shares storage with a variable some op has already used is
+            # modified in place (x = b * y; b.view(-1).mul_(x) leaks b and x).
+            if self.program.autograd and any(o.used for o in self.sharing(v)):
+                return False
             # Not an expanded tensor (elements sharing memory): PyTorch documents
             # writes into one as unsupported. The CPU still allows fill_, zero_
             # and masked_fill_ there; acme refuses them all, with PyTorch's own
@@ -644,10 +666,36 @@ class Generator:
         if self.overlapping(t, code):
             if not (self.include_known and ("copy_(" in code or "] = " in code)):
                 return
+        # A float written into an integer tensor must fit: out of range (or NaN)
+        # the conversion is undefined in C++, and PyTorch itself then differs by
+        # device (a CPU 0-dim source is copied, wrapping, into a CPU tensor, but
+        # range-checked by fill_ into any other device's).
+        if t.dtype in INT_RANGE and not self.fits(t, code):
+            return
         # The same cycle as above, at once: t.mul_(t) saves t for its own backward.
         if t.grad and "masked_fill_" not in code and re.findall(r"\bv\d+\b", code).count(t.name) > 1:
             return
         self.emit(code, where=t.where)
+
+    def fits(self, t: Var, code: str) -> bool:
+        """Whether every floating-point tensor `code` names fits t's integer dtype."""
+        import torch
+
+        info = torch.iinfo(getattr(torch, t.dtype))
+        for name in set(re.findall(r"\bv\d+\b", code)) - {t.name}:
+            other = self.shadow.get(name)
+            if isinstance(other, torch.Tensor) and other.is_floating_point() and other.numel():
+                values = other.detach().double()
+                if not (bool(values.isfinite().all()) and info.min <= float(values.min())
+                        and float(values.max()) <= info.max):
+                    return False
+        return True
+
+    def sharing(self, v: Var) -> list[Var]:
+        """v and every other tensor variable on the same storage (views of each other)."""
+        ptr = self.values(v).untyped_storage().data_ptr()
+        return [o for o in self.live(include_terminal=True) if o.name in self.shadow
+                and (o is v or (ptr and self.values(o).untyped_storage().data_ptr() == ptr))]
 
     def overlapping(self, t: Var, code: str) -> bool:
         """Whether a variable named in `code` shares t's storage without being t's exact view."""
@@ -687,7 +735,10 @@ class Generator:
         binary = ["torch.add({x}, {y})", "{x} - {y}", "{x} * {y}", "{x} / {y}",
                   "torch.maximum({x}, {y})", "torch.minimum({x}, {y})", "{x} < {y}", "{x} == {y}",
                   "torch.where({x} > 0, {x}, {y})", "torch.floor_divide({x}, {y})",
-                  "torch.remainder({x}, {y})", "torch.add({x}, {y}, alpha=3)"]
+                  "torch.remainder({x}, {y})", "torch.add({x}, {y}, alpha=3)",
+                  "torch.div({x}, {y}, rounding_mode='floor')",
+                  "torch.div({x}, {y}, rounding_mode='trunc')", "{x} >= {y}", "{x} != {y}",
+                  "{x} <= {y}", "{x} > {y}", "torch.sub({x}, {y}, alpha=0.5)"]
         unary = ["-{x}", "{x}.abs()", "{x}.clamp(-1, 2)", "{x}.square()", "{x}.sign()",
                  "{x}.isnan()", "{x}.nan_to_num()",
                  "{x}.clone()", "{x}.contiguous()", "{x}.flip(0)" if x.shape else "{x}.clone()",
@@ -750,6 +801,10 @@ class Generator:
                        f"torch.count_nonzero({x.name}{', ' + dim if dim else ''})"]
             if n:
                 options.append(f"torch.sort({x.name}, dim={d}, stable=True).values")
+                options.append(f"{x.name}.max({d}).values")
+                options.append(f"{x.name}.min({d}, keepdim=True).indices")
+            else:
+                options.append(f"{x.name}.max()")
             if x.dtype not in FLOATS:
                 options += [f"{x.name}.sum({dim})", f"{x.name}.cumsum({d if n else 0})"]
             self.emit(f"{name} = {r.choice(options)}", name, where=x.where)
@@ -764,6 +819,9 @@ class Generator:
             (f"{x.name}.cumsum({d if n else 0})", f"_b_cumsum({x.name}, {d if n else 0})"),
             (f"{x.name}.prod({dim})", f"_b_prod({x.name}, {d})"),
             (f"{x.name}.norm()", f"_b_norm({x.name}, {name})"),
+            (f"torch.softmax({x.name}, {d if n else 0})", f"_b_softmax({x.name}, {d if n else 0}, {name})"),
+            (f"torch.log_softmax({x.name}, {d if n else 0})",
+             f"_b_softmax({x.name}, {d if n else 0}, {name}, log=True)"),
         ]
         code, bound = r.choice(options)
         self.emit(f"{name} = {code}", name, where=x.where, terminal=True, bound=bound)
@@ -784,6 +842,16 @@ class Generator:
         if y is None:
             return
         name = self.new_name()
+        if len(x.shape) == 2 and len(shape) == 2 and r.random() < 0.3:
+            # addmm: bias + product, the bias broadcast from a row or a full matrix.
+            bias_shape = (shape[1],) if r.random() < 0.5 else (x.shape[0], shape[1])
+            c = self.create(shape=bias_shape, where=x.where, dtype=x.dtype)
+            if c is None:
+                return
+            name = self.new_name()
+            self.emit(f"{name} = torch.addmm({c.name}, {x.name}, {y.name})", name, where=x.where,
+                      terminal=True, bound=f"_b_addmm({c.name}, {x.name}, {y.name})")
+            return
         op = "torch.bmm" if len(x.shape) == 3 and len(shape) == 3 and r.random() < 0.5 else None
         if op is None and len(x.shape) == 2 and len(shape) == 2 and r.random() < 0.5:
             op = "torch.mm"

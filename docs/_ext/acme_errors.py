@@ -1,0 +1,132 @@
+"""The "Errors you will meet" tables, generated from tests/bad_inputs.toml.
+
+``{acme-errors} devices``  a table of the rows of one topic: the input, the
+    exception it raises (type and message fragment), and what it shows.
+
+The same file drives tests/test_bad_inputs.py, which runs every row; the
+page never restates a row by hand. A row whose topic no page renders is a
+warning (an error under -W), so a new topic cannot silently go missing.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = ROOT / "tests" / "bad_inputs.toml"
+LOGGER = logging.getLogger(__name__)
+
+
+def rows() -> list[dict]:
+    return tomllib.loads(TABLE.read_text())["row"]
+
+
+def text_with_code(text: str) -> list[nodes.Node]:
+    """Plain text in which `backticks` become inline code."""
+    parts = re.split(r"`([^`]+)`", " ".join(text.split()))
+    return [nodes.literal(text=p) if i % 2 else nodes.Text(p) for i, p in enumerate(parts) if p]
+
+
+def where(row: dict) -> str | None:
+    """The comment that says where a fresh-process row runs."""
+    if row.get("process", "this") != "fresh":
+        return None
+    said = ["in a fresh process"]
+    if not row.get("backend", True):
+        said.append("where torch_acme is not installed")
+    if "stage" in row:
+        said.append(f"against stage {row['stage']}")
+    for key, value in row.get("env", {}).items():
+        said.append(f"with {key}={value}")
+    return "# " + ", ".join(said)
+
+
+def input_text(row: dict) -> str:
+    lines = []
+    if "prepare" in row:
+        lines += ["# earlier, in a process with acme:", row["prepare"].strip(), ""]
+    if where(row):
+        lines.append(where(row) + ":")
+    if "setup" in row:
+        lines.append(row["setup"].strip())
+    lines.append(row["code"].strip())
+    return "\n".join(lines)
+
+
+def cell(*children: nodes.Node) -> nodes.entry:
+    entry = nodes.entry()
+    for child in children:
+        entry += child
+    return entry
+
+
+class ErrorsDirective(SphinxDirective):
+    required_arguments = 1  # the topic
+
+    def run(self):
+        topic = self.arguments[0]
+        self.env.note_dependency(str(TABLE))
+        chosen = [r for r in rows() if r["topic"] == topic]
+        if not chosen:
+            raise self.error(f"no row of {TABLE.name} has topic {topic!r}")
+        if not hasattr(self.env, "acme_errors_rendered"):
+            self.env.acme_errors_rendered = {}  # docname -> ids of the rows it shows
+        self.env.acme_errors_rendered.setdefault(self.env.docname, set()).update(
+            r["id"] for r in chosen)
+
+        table = nodes.table(classes=["acme-errors"])
+        group = nodes.tgroup(cols=3)
+        table += group
+        for width in (46, 30, 24):
+            group += nodes.colspec(colwidth=width)
+        head = nodes.thead()
+        group += head
+        head += nodes.row("", *(cell(nodes.paragraph(text=t))
+                                for t in ("Input", "Raises", "What it shows")))
+        body = nodes.tbody()
+        group += body
+        for row in chosen:
+            code = input_text(row)
+            title = nodes.paragraph("", "", nodes.strong(text=row["title"]))
+            title["ids"].append(row["id"])
+            raises = [nodes.paragraph("", "", nodes.literal(text=row["error"])),
+                      nodes.paragraph("", "", nodes.Text("message contains: "),
+                                      nodes.literal(text=row["message"]))]
+            shows = nodes.paragraph("", "", *text_with_code(row["demonstrates"]))
+            body += nodes.row("", cell(title, nodes.literal_block(code, code, language="python")),
+                              cell(*raises), cell(shows))
+        return [table]
+
+
+def purge(app, env, docname) -> None:
+    getattr(env, "acme_errors_rendered", {}).pop(docname, None)
+
+
+def merge(app, env, docnames, other) -> None:
+    if not hasattr(env, "acme_errors_rendered"):
+        env.acme_errors_rendered = {}
+    for docname in docnames:
+        if docname in getattr(other, "acme_errors_rendered", {}):
+            env.acme_errors_rendered[docname] = other.acme_errors_rendered[docname]
+
+
+def check_every_row_shown(app, env) -> None:
+    shown = set().union(*getattr(env, "acme_errors_rendered", {}).values())
+    missing = {r["id"] for r in rows()} - shown
+    if missing:
+        LOGGER.warning("rows of %s on no page (add an acme-errors table for their topic): %s",
+                       TABLE.name, ", ".join(sorted(missing)))
+
+
+def setup(app):
+    app.add_directive("acme-errors", ErrorsDirective)
+    app.connect("env-purge-doc", purge)
+    app.connect("env-merge-info", merge)
+    app.connect("env-check-consistency", check_every_row_shown)
+    return {"parallel_read_safe": True, "version": "1"}
