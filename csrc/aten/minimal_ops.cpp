@@ -134,21 +134,28 @@ char* storage_bytes(const at::Tensor& t, int64_t first_element) {
   return static_cast<char*>(t.storage().mutable_data()) + first_element * t.element_size();
 }
 
-// A CPU tensor with the same sizes and strides as the device tensor `t`,
-// filled by copying the storage range `t` covers (one memcpy).
+// Lazy conjugate / negative views (t.conj() on complex tensors) keep the raw
+// bytes and set a bit; the bytes moved by memcpy are raw.
+bool has_lazy_bits(const at::Tensor& t) { return t.is_conj() || t.is_neg(); }
+
+// A CPU tensor with the same sizes, strides and lazy bits as the device tensor
+// `t`, filled by copying the storage range `t` covers (one memcpy).
 at::Tensor to_host(const at::Tensor& t) {
   const Extent e = extent_of(t);
   at::Tensor host = at::empty({e.length}, t.options().device(at::kCPU));
   ACME_CHECK(acmeMemcpy(host.data_ptr(), storage_bytes(t, e.first),
                         e.length * t.element_size(), acmeMemcpyDeviceToHost));
-  return host.as_strided(t.sizes(), t.strides(), 0);
+  host = host.as_strided(t.sizes(), t.strides(), 0);
+  if (t.is_conj()) host = host.conj();
+  if (t.is_neg()) host = host._neg_view();
+  return host;
 }
 
 // Writes a CPU tensor into the device tensor `dst` (any layout, any dtype).
 void from_host(const at::Tensor& src, const at::Tensor& dst) {
-  if (dst.is_non_overlapping_and_dense() && dst.is_contiguous()) {
+  if (dst.is_non_overlapping_and_dense() && dst.is_contiguous() && !has_lazy_bits(dst)) {
     // The common case: one memcpy of a contiguous, converted source.
-    const at::Tensor ready = src.to(dst.scalar_type()).contiguous();
+    const at::Tensor ready = src.to(dst.scalar_type()).resolve_conj().resolve_neg().contiguous();
     ACME_CHECK(acmeMemcpy(dst.data_ptr(), ready.const_data_ptr(), dst.nbytes(),
                           acmeMemcpyHostToDevice));
     return;
@@ -182,7 +189,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     from_host(src, dst);
   } else {
     const bool same_layout = src.scalar_type() == dst.scalar_type() &&
-                             src.is_contiguous() && dst.is_contiguous();
+                             src.is_contiguous() && dst.is_contiguous() &&
+                             !has_lazy_bits(src) && !has_lazy_bits(dst);
     if (same_layout) {
       ACME_CHECK(acmeMemcpy(dst.data_ptr(), src.const_data_ptr(), dst.nbytes(),
                             acmeMemcpyDeviceToDevice));
@@ -224,6 +232,19 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+}
+
+// The copies handle lazy conjugate/negative views themselves (to_host above).
+// Without these fallthroughs, PyTorch's Conjugate fallback would resolve the
+// view with a clone, whose copy calls _copy_from again: endless recursion.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 //< ch01 register
 
