@@ -66,14 +66,17 @@ struct Stream {
 
   std::mutex mutex;
   std::condition_variable changed;  // work queued, work done, or stopping
-  std::deque<std::function<void()>> queue;
+  // Each item: the work, then what to announce when the stream counts it as
+  // done (an event), in the same critical section as the count, so a query of
+  // either never contradicts the other.
+  std::deque<std::pair<std::function<void()>, std::function<void()>>> queue;
   uint64_t submitted = 0, completed = 0;
   bool stopping = false;
 
-  void push(std::function<void()> work) {
+  void push(std::function<void()> work, std::function<void()> then = {}) {
     {
       std::lock_guard<std::mutex> lock(mutex);
-      queue.push_back(std::move(work));
+      queue.emplace_back(std::move(work), std::move(then));
       ++submitted;
     }
     changed.notify_all();
@@ -108,12 +111,13 @@ void serve(std::shared_ptr<Stream> s) {
   for (;;) {
     s->changed.wait(lock, [&] { return !s->queue.empty() || s->stopping; });
     if (s->queue.empty()) return;  // stopping, and nothing left to do
-    std::function<void()> work = std::move(s->queue.front());
+    auto [work, then] = std::move(s->queue.front());
     s->queue.pop_front();
     lock.unlock();
-    work();
+    if (work) work();
     lock.lock();
     ++s->completed;
+    if (then) then();  // under the stream's lock: both facts change at once
     s->changed.notify_all();
   }
 }
@@ -376,7 +380,7 @@ acmeError_t acmeEventRecord(acmeEvent_t event, acmeStream_t stream) {
     std::lock_guard<std::mutex> lock(ev->mutex);
     version = ++ev->recorded;
   }
-  s->push([ev, version] { ev->complete(version); });
+  s->push({}, [ev, version] { ev->complete(version); });
   return acmeSuccess;
 }
 
