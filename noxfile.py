@@ -90,12 +90,14 @@ def bench(session: nox.Session) -> None:
 # ---- reliability: sanitizers and differential fuzzing ----
 
 # What `nox -s sanitize` runs: the runtime, bad inputs, threads, leaks, a fuzz
-# smoke run, serialization, the stage matrix and a few chapters (each chapter
-# notebook runs in its own kernel, which inherits the sanitizer environment).
+# smoke run, serialization, the native kernels, the stage matrix and a few
+# chapters (each notebook runs in its own kernel, which inherits the
+# sanitizer environment).
 SANITIZED_TESTS = ["tests/test_runtime.py", "tests/test_bad_inputs.py", "tests/test_threads.py",
                    "tests/test_leaks.py", "tests/test_fuzz.py", "tests/test_serialization.py",
-                   "tests/test_clean_exit.py", "tests/test_stage_matrix.py", "tests/test_chapters.py",
-                   "-k", "not test_chapter_runs_against_its_stage or ch00 or ch02 or ch06 or ch07"]
+                   "tests/test_native_kernels.py", "tests/test_copies.py", "tests/test_clean_exit.py",
+                   "tests/test_stage_matrix.py", "tests/test_chapters.py", "-k",
+                   "not test_chapter_runs_against_its_stage or ch00 or ch02 or ch06 or ch07 or ch10"]
 
 
 @nox.session
@@ -120,12 +122,14 @@ def sanitize(session: nox.Session) -> None:
     # handle_segv=0: in checked mode the runtime installs a SIGSEGV handler that
     # reports a host access to device memory, then lets the fault kill the
     # process as before (tests/test_runtime.py expects death by SIGSEGV). With
-    # ASan's own handler installed first, the re-raised fault would end in
-    # ASan's "SEGV on unknown address" report and exit status 1 instead. ASan
-    # still reports every invalid access it instruments; only wild faults lose
-    # its stack trace (the runtime's report and the signal remain).
+    # ASan's own handler installed first, the runtime would chain to it, and the
+    # re-raised fault would end in ASan's "SEGV on unknown address" report and
+    # ASan's exit status instead. ASan still reports every invalid access it
+    # instruments; only wild faults lose its stack trace (the runtime's report
+    # and the signal remain).
     # exitcode=86: a sanitizer report is never mistaken for a Python exception's 1.
-    session.env["ASAN_OPTIONS"] = "detect_leaks=1:handle_segv=0:exitcode=86:strict_string_checks=1"
+    session.env["ASAN_OPTIONS"] = ("detect_leaks=1:handle_segv=0:exitcode=86:strict_string_checks=1:"
+                                   "detect_stack_use_after_return=1:check_initialization_order=1")
     session.env["LSAN_OPTIONS"] = f"suppressions={ROOT / 'tools' / 'sanitizers' / 'lsan.supp'}:print_suppressions=0"
     session.env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1:exitcode=86"
     run(session, "-m", "pytest", *(session.posargs or SANITIZED_TESTS))

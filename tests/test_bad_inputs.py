@@ -27,7 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAST, ROOT, stage_dir
+from conftest import LAST, stage_dir
+
+# The table describes the finished backend: with --upto before the last
+# chapter, this process imports an earlier stage.
+pytestmark = pytest.mark.skipif(
+    importlib.import_module("torch_acme._build_info").STAGE != LAST,
+    reason=f"the bad-input table describes the finished backend (stage {LAST})")
 
 TABLE = Path(__file__).with_name("bad_inputs.toml")
 ROWS = tomllib.loads(TABLE.read_text())["row"]

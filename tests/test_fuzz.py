@@ -12,7 +12,12 @@ import os
 import pytest
 import torch
 
+from conftest import LAST
 from tools import fuzz
+from torch_acme import _build_info
+
+pytestmark = pytest.mark.skipif(_build_info.STAGE != LAST,
+                                reason=f"fuzzes the finished backend (stage {LAST})")
 
 SEED = int(os.environ.get("ACME_FUZZ_SEED", "0"))
 PROGRAMS = 1000
