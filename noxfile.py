@@ -75,7 +75,6 @@ def site(session: nox.Session) -> None:
     """Build every stage, then the site with freshly executed chapters into _build/html."""
     environment(session)
     build(session)
-    run(session, "tools/make_notebooks.py")
     run(session, "-m", "sphinx", "-W", "--keep-going", "-E", "-b", "html", ".", "_build/html")
 
 

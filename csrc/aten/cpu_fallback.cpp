@@ -9,7 +9,24 @@
 #include <string>
 #include <unordered_set>
 
+#include "aten/cpu_fallback.h"
+
 namespace acme {
+
+//> ch02 warn-once
+// One warning per operator, not per call: a loop would drown the user.
+void warn_once(const c10::OperatorHandle& op, const char* how) {
+  static std::mutex mutex;
+  static std::unordered_set<std::string> warned;
+  const std::string name = c10::toString(op.schema().operator_name());
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(name).second) return;
+  }
+  TORCH_WARN("acme: ", name, " has no acme kernel and runs on the CPU ", how);
+}
+//< ch02 warn-once
+
 namespace {
 
 constexpr auto kAcme = c10::DeviceType::PrivateUse1;
@@ -28,20 +45,6 @@ void refuse_views(const c10::OperatorHandle& op) {
 }
 //< ch02 deny-views
 
-//> ch02 warn-once
-// One warning per operator, not per call: a loop would drown the user.
-void warn_once(const c10::OperatorHandle& op) {
-  static std::mutex mutex;
-  static std::unordered_set<std::string> warned;
-  const std::string name = c10::toString(op.schema().operator_name());
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (!warned.insert(name).second) return;
-  }
-  TORCH_WARN("acme: ", name, " has no acme kernel and runs on the CPU ",
-             "(inputs copied to the host, results copied back).");
-}
-//< ch02 warn-once
 
 //> ch02 result-device
 // Upstream's fallback sends results to the device of the *first* tensor
@@ -107,7 +110,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 //> ch06 same-device-call
   refuse_mixed_devices(op, *stack);
 //< ch06 same-device-call
-  warn_once(op);
+  warn_once(op, "(inputs copied to the host, results copied back).");
   const size_t n_args = op.schema().arguments().size();
   const torch::jit::Stack args(stack->end() - n_args, stack->end());
   const auto device = first_acme_device(op, args);

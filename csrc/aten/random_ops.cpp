@@ -21,6 +21,7 @@
 #include <unordered_set>
 
 #include "aten/acme_check.h"
+#include "aten/cpu_fallback.h"
 #include "aten/generator.h"
 
 namespace acme {
@@ -264,18 +265,6 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
 // seed from the acme generator and hands the CPU kernel a fresh CPU generator
 // seeded with it. The op then follows the acme seed and generator= argument,
 // and leaves torch's CPU stream alone.
-void warn_once(const c10::OperatorHandle& op) {
-  static std::mutex mutex;
-  static std::unordered_set<std::string> warned;
-  const std::string name = c10::toString(op.schema().operator_name());
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (!warned.insert(name).second) return;
-  }
-  TORCH_WARN("acme: ", name, " has no acme kernel and runs on the CPU, with a CPU ",
-             "generator seeded from the acme generator.");
-}
-
 void seeded_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto args = stack->end() - static_cast<std::ptrdiff_t>(schema.arguments().size());
@@ -294,7 +283,7 @@ void seeded_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack
   if (!generator.isNone()) given = generator.toGenerator();
   const PhiloxRange range = reserve(given, *device, 1);
   generator = at::detail::createCPUGenerator(bits64(philox_block(range.seed, range.first)));
-  warn_once(op);
+  warn_once(op, "with a CPU generator seeded from the acme generator.");
   at::native::cpu_fallback(op, stack);
 }
 //< ch05 seeded-fallback
