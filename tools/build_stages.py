@@ -4,8 +4,10 @@ Each stage snapshot (written by tools/splitter.py) is built in place: its
 ``src/torch_acme`` folder receives ``libacme_runtime.so``, the extension module
 ``_C`` and ``_build_info.py``. A translation unit is compiled once for all the
 stages in which it is identical: objects are named after a hash of the source,
-the project headers it includes (transitively) and the compile flags, so stage 3
-and stage 7 share ``allocator-<hash>.o`` when nothing in between touched it.
+the project headers it includes (transitively) and its rule, so stage 3 and
+stage 7 share ``allocator-<hash>.o`` when nothing in between touched it. (The
+flags are the same for every object of a rule in one build folder; ninja
+rebuilds an object whose command line changed.)
 
 Usage: python tools/build_stages.py [--upto N] [--out _build] [--kernels] [--sanitize]
 
