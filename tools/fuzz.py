@@ -121,9 +121,6 @@ KNOWN_ISSUES = {
                          "comparisons of complex numbers) raises on the CPU even for empty "
                          "tensors, but not on acme: chapter 10's launch() returns before the "
                          "kernel's dtype dispatch when the iterator is empty",
-    "logical_layout": "logical_not/logical_and of a transposed tensor come back contiguous on acme, "
-                      "with the input's layout on the CPU: they are composites that resize a "
-                      "fresh out= tensor, which acme's _copy_from_and_resize makes contiguous",
 }
 
 PRELUDE = '''\
