@@ -145,9 +145,25 @@ def ch10_native_kernels():
     return "native_kernels.cpp" in row and torch.equal((a.to(device()) + 1).cpu(), a + 1)
 
 
+def ch11_hooks():
+    import torch
+    import torch_acme  # noqa: F401
+
+    # Pinned memory, a non_blocking copy back, a storage resize and lazy
+    # initialization all go through the hooks chapter 11 completes.
+    pinned = torch.arange(4.0).pin_memory()
+    back = pinned.to(device()).to("cpu", non_blocking=True)
+    storage = torch.ones(2, device=device()).untyped_storage()
+    storage.resize_(16)
+    module = getattr(torch, device())
+    return (pinned.is_pinned() and torch.equal(back, pinned) and storage.nbytes() == 16
+            and module.is_initialized())
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
-          8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels}
+          8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
+          11: ch11_hooks}
 
 
 def main():

@@ -110,7 +110,7 @@ def test_device_count_from_env():
 
 
 @pytest.mark.parametrize("variable,value", [
-    ("ACME_DEVICE_COUNT", "0"),
+    ("ACME_DEVICE_COUNT", "-1"),
     ("ACME_DEVICE_COUNT", "17"),
     ("ACME_DEVICE_COUNT", "two"),
     ("ACME_DEVICE_COUNT", "2x"),

@@ -47,7 +47,7 @@ def torch_flags() -> tuple[list[str], list[str]]:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     includes = [f"-isystem{p}" for p in cpp_extension.include_paths()]
     libs = [f"-L{p}" for p in cpp_extension.library_paths()]
-    return includes + [f"-D_GLIBCXX_USE_CXX11_ABI={abi}"], libs + ["-lc10", "-ltorch", "-ltorch_cpu"]
+    return includes + [f"-D_GLIBCXX_USE_CXX11_ABI={abi}"], libs + ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
 
 
 def layer_of(rel: str) -> str:

@@ -112,6 +112,21 @@ struct AcmeGuardImpl final : c10::impl::DeviceGuardImplInterface {
                ? static_cast<c10::DeviceIndex>(count)
                : 0;
   }
+//> ch11 capability
+
+  // torch.accelerator.get_device_capability(): the dtypes a tensor on the
+  // device may have. acme's hardware has no 8-bit float units (chapter 9
+  // refuses them), and quantized tensors are not supported.
+  c10::DeviceCapability getDeviceCapability(c10::Device device) const override {
+    checked_index(device.index());
+    c10::DeviceCapability capability;  // starts with every dtype
+    auto& dtypes = capability.capability_data.supported_scalar_types;
+    dtypes.has_Float8_e5m2 = dtypes.has_Float8_e4m3fn = 0;
+    dtypes.has_QInt8 = dtypes.has_QUInt8 = dtypes.has_QInt32 = 0;
+    dtypes.has_QUInt4x2 = dtypes.has_QUInt2x4 = 0;
+    return capability;
+  }
+//< ch11 capability
 
 //> ch01 one-stream < ch06 streams
 //   // Until streams exist (chapter 6) every device has one, synchronous,

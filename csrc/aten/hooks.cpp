@@ -8,11 +8,26 @@
 #include "aten/generator.h"
 //< ch05 hooks-generator-includes
 
+//> ch11 hooks-includes
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StorageImpl.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "aten/pinned_memory.h"
+//< ch11 hooks-includes
 #include "aten/acme_check.h"
 
 namespace acme {
 namespace {
 
+//> ch11 initialized-flag
+// Set once init() has succeeded: PyTorch calls init() at most once per
+// process (at::Context::lazyInitDevice), and retries it if it threw.
+std::atomic<bool> initialized{false};
+
+//< ch11 initialized-flag
 struct AcmeHooks final : at::PrivateUse1HooksInterface {
   // Both must never throw: PyTorch calls them just to find out.
   bool isBuilt() const override { return true; }
@@ -23,12 +38,30 @@ struct AcmeHooks final : at::PrivateUse1HooksInterface {
     return acmeGetDeviceCount(&count) == acmeSuccess ? static_cast<c10::DeviceIndex>(count) : 0;
   }
 
-  // acme needs no per-device context: a valid device is always ready.
+//> ch03 context < ch11 context
+//   // acme needs no per-device context: a valid device is always ready.
+//   bool hasPrimaryContext(c10::DeviceIndex device) const override {
+//     return device >= 0 && device < deviceCount();
+//   }
+//
+//   void init() const override {}
+//< ch03 context
+//> ch11 context
+  // "Has this device been set up?": true once the backend is initialized.
   bool hasPrimaryContext(c10::DeviceIndex device) const override {
-    return device >= 0 && device < deviceCount();
+    return initialized.load() && device >= 0 && device < deviceCount();
   }
 
-  void init() const override {}
+  // Lazy initialization: PyTorch calls this before it first needs the device
+  // (a generator, a pinned allocation, a pointer's device), and the device
+  // module's _lazy_init calls it before the first tensor. It raises, with the
+  // runtime's message, when there is no device or the process is a child of
+  // fork() whose parent had initialized acme.
+  void init() const override {
+    ACME_CHECK(acmeInit());
+    initialized.store(true);
+  }
+//< ch11 context
 
   c10::DeviceIndex getCurrentDevice() const override {
     int device = 0;
@@ -56,6 +89,30 @@ struct AcmeHooks final : at::PrivateUse1HooksInterface {
     TORCH_CHECK(attributes.isDevice, "acme: ", data, " is not acme device memory");
     return {c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(attributes.device)};
   }
+//> ch11 hooks-memory
+
+  // Pinned host memory: tensor.pin_memory(), is_pinned() and the non_blocking
+  // copies to the CPU ask for these.
+  bool isPinnedPtr(const void* data) const override { return is_pinned(data); }
+
+  at::Allocator* getPinnedMemoryAllocator() const override { return pinned_allocator(); }
+
+  // untyped_storage().resize_(n) on the device: a new allocation of n bytes on
+  // the storage's device, the old bytes copied over (as many as fit).
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    TORCH_CHECK(impl->resizable(), "acme: cannot resize this storage: it is not resizable "
+                "(its memory was not allocated by acme's allocator, e.g. from_blob)");
+    const size_t keep = std::min(newsize, impl->nbytes());
+    c10::DeviceGuard guard(impl->device());
+    at::DataPtr fresh = impl->allocator()->allocate(newsize);
+    if (keep > 0) {
+      ACME_CHECK(acmeMemcpy(fresh.get(), impl->data(), keep, acmeMemcpyDeviceToDevice));
+    }
+    impl->set_data_ptr_noswap(std::move(fresh));
+    impl->set_nbytes(newsize);
+  }
+//< ch11 hooks-memory
 //> ch05 hooks-generator
 
   // The current route for random numbers (PyTorch 2.13): default and new

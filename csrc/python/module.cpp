@@ -9,6 +9,9 @@
 //> ch04 bind-autocast-include
 #include "python/autocast_bindings.h"
 //< ch04 bind-autocast-include
+//> ch11 bind-device-include
+#include "python/device_bindings.h"
+//< ch11 bind-device-include
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native part of torch_acme: runtime bindings and the torch glue.";
@@ -24,4 +27,7 @@ PYBIND11_MODULE(_C, m) {
   auto autocast = m.def_submodule("autocast", "acme's autocast policies, as registered.");
   acme_bind_autocast(autocast);
 //< ch04 bind-autocast
+//> ch11 bind-device
+  acme_bind_device(m);
+//< ch11 bind-device
 }

@@ -363,4 +363,42 @@ void acme_bind_runtime(py::module_& m) {
       py::arg("stream"), py::arg("microseconds"),
       "Queue a kernel that keeps `stream` busy for `microseconds` (for tests and demos).");
 //< ch06 bind-streams
+//> ch11 bind-init
+  m.def(
+      "init", [] { check(acmeInit()); },
+      "Initialize the runtime (the first device call does it implicitly).");
+  m.def(
+      "device_properties",
+      [](int device) {
+        acmeDeviceProperties p{};
+        check(acmeGetDeviceProperties(&p, device));
+        py::dict fields;
+        fields["name"] = std::string(p.name);
+        fields["total_memory"] = p.totalMemory;
+        fields["major"] = p.major;
+        fields["minor"] = p.minor;
+        fields["checked"] = p.checked != 0;
+        return fields;
+      },
+      py::arg("device"), "The properties of `device` as a dict.");
+  m.def(
+      "host_alloc",
+      [](size_t nbytes) {
+        void* ptr = nullptr;
+        check(acmeHostAlloc(&ptr, nbytes));
+        return reinterpret_cast<uintptr_t>(ptr);
+      },
+      py::arg("nbytes"), "Allocate `nbytes` of pinned host memory; returns its address.");
+  m.def(
+      "host_free", [](uintptr_t ptr) { check(acmeHostFree(as_pointer(ptr))); }, py::arg("ptr"),
+      "Free pinned host memory given its base address.");
+  m.def(
+      "host_is_pinned",
+      [](uintptr_t ptr) {
+        int pinned = 0;
+        check(acmeHostIsPinned(as_pointer(ptr), &pinned));
+        return pinned != 0;
+      },
+      py::arg("ptr"), "True if `ptr` lies in pinned host memory from host_alloc.");
+//< ch11 bind-init
 }

@@ -16,6 +16,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+//> ch11 fork-include
+#include <atomic>
+
+#include <pthread.h>
+//< ch11 fork-include
 
 #include "runtime/checked_memory.h"
 //> ch06 internal-include
@@ -99,12 +104,23 @@ Config load_config() {
   if (const char* text = std::getenv("ACME_DEVICE_COUNT")) {
     char* end;
     const long n = std::strtol(text, &end, 10);
-    if (!std::isdigit(static_cast<unsigned char>(text[0])) || *end != '\0' || n < 1 ||
+//> ch00 device-count-range < ch11 device-count-range
+//     if (!std::isdigit(static_cast<unsigned char>(text[0])) || *end != '\0' || n < 1 ||
+//         n > kMaxDevices) {
+//       c.status = acmeErrorInitialization;
+//       std::snprintf(c.message, sizeof c.message,
+//                     "ACME_DEVICE_COUNT=\"%s\" is invalid: it must be an integer from 1 to %d",
+//                     text, kMaxDevices);
+//< ch00 device-count-range
+//> ch11 device-count-range
+    // 0 is a machine without acme devices: valid, and every device call says so.
+    if (!std::isdigit(static_cast<unsigned char>(text[0])) || *end != '\0' || n < 0 ||
         n > kMaxDevices) {
       c.status = acmeErrorInitialization;
       std::snprintf(c.message, sizeof c.message,
-                    "ACME_DEVICE_COUNT=\"%s\" is invalid: it must be an integer from 1 to %d",
+                    "ACME_DEVICE_COUNT=\"%s\" is invalid: it must be an integer from 0 to %d",
                     text, kMaxDevices);
+//< ch11 device-count-range
       return c;
     }
     c.device_count = static_cast<int>(n);
@@ -138,13 +154,60 @@ const Config& config() {
   return c;
 }
 
+//> ch11 initialization
+// ---- initialization, and fork() ----
+
+// Set in the child of a fork() that happened after initialization. The child
+// has none of the parent's threads (stream workers), and in checked mode it
+// shares the parent's device memory: letting it compute would be a hang or a
+// silent write into the parent's tensors.
+std::atomic<bool> forked_child{false};
+
+void lock_for_fork();  // with the registry, below
+void unlock_after_fork();
+
+acmeError_t initialize() {
+  if (forked_child.load(std::memory_order_relaxed))
+    return fail(acmeErrorForkedChild,
+                "the acme runtime was initialized before this process was forked, and a "
+                "child of fork() cannot use it: start child processes with the 'spawn' "
+                "method (multiprocessing.set_start_method('spawn'))");
+  if (config().device_count == 0)
+    return fail(acmeErrorNoDevice, "no acme device is present (ACME_DEVICE_COUNT=0)");
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // The registry's lock is held across fork(), so the child never inherits
+    // it locked by a thread that does not exist there.
+    pthread_atfork(&lock_for_fork, &unlock_after_fork, [] {
+      unlock_after_fork();
+      forked_child.store(true, std::memory_order_relaxed);
+    });
+  });
+  return acmeSuccess;
+}
+
+//< ch11 initialization
 // Every entry point starts here.
 acmeError_t enter() {
+  const Config& c = config();
+  if (c.status != acmeSuccess) return fail(c.status, "%s", c.message);
+//> ch11 enter-initializes
+  if (acmeError_t e = initialize()) return e;
+//< ch11 enter-initializes
+  if (c.checked) acme::checked::ensure_signal_stack();
+  return acmeSuccess;
+}
+//> ch11 enter-uninitialized
+
+// The entry of the calls that work without a device and in a forked child:
+// the device count, the properties, frees.
+acmeError_t enter_uninitialized() {
   const Config& c = config();
   if (c.status != acmeSuccess) return fail(c.status, "%s", c.message);
   if (c.checked) acme::checked::ensure_signal_stack();
   return acmeSuccess;
 }
+//< ch11 enter-uninitialized
 
 acmeError_t check_device(int device) {
   const int count = config().device_count;
@@ -209,6 +272,11 @@ Registry& registry() {
   static Registry* r = new Registry;
   return *r;
 }
+//> ch11 fork-lock
+
+void lock_for_fork() { registry().mutex.lock(); }
+void unlock_after_fork() { registry().mutex.unlock(); }
+//< ch11 fork-lock
 
 // ---- validated operations ----
 
@@ -350,6 +418,10 @@ const char* acmeGetErrorName(acmeError_t error) {
     case acmeErrorDeviceMismatch: return "acmeErrorDeviceMismatch";
     case acmeErrorNotReady: return "acmeErrorNotReady";
 //< ch06 error-names
+//> ch11 init-error-names
+    case acmeErrorNoDevice: return "acmeErrorNoDevice";
+    case acmeErrorForkedChild: return "acmeErrorForkedChild";
+//< ch11 init-error-names
   }
   return "acmeErrorUnrecognized";
 }
@@ -368,6 +440,10 @@ const char* acmeGetErrorString(acmeError_t error) {
     case acmeErrorDeviceMismatch: return "stream or event of another device";
     case acmeErrorNotReady: return "work not completed yet";
 //< ch06 error-strings
+//> ch11 init-error-strings
+    case acmeErrorNoDevice: return "no acme device is present";
+    case acmeErrorForkedChild: return "runtime used in a child of fork()";
+//< ch11 init-error-strings
   }
   return "unrecognized error code";
 }
@@ -375,7 +451,12 @@ const char* acmeGetErrorString(acmeError_t error) {
 const char* acmeGetLastErrorMessage(void) { return last_error; }
 
 acmeError_t acmeGetDeviceCount(int* count) {
-  if (acmeError_t e = enter()) return e;
+//> ch00 count-enter < ch11 count-enter
+//   if (acmeError_t e = enter()) return e;
+//< ch00 count-enter
+//> ch11 count-enter
+  if (acmeError_t e = enter_uninitialized()) return e;
+//< ch11 count-enter
   if (!count) return fail(acmeErrorInvalidValue, "acmeGetDeviceCount: count is NULL");
   *count = config().device_count;
   return acmeSuccess;
@@ -481,7 +562,12 @@ acmeError_t acmeMalloc(void** devPtr, size_t size) {
 }
 
 acmeError_t acmeFree(void* devPtr) {
-  if (acmeError_t e = enter()) return e;
+//> ch00 free-enter < ch11 free-enter
+//   if (acmeError_t e = enter()) return e;
+//< ch00 free-enter
+//> ch11 free-enter
+  if (acmeError_t e = enter_uninitialized()) return e;
+//< ch11 free-enter
   if (!devPtr) return acmeSuccess;
   const auto p = reinterpret_cast<uintptr_t>(devPtr);
   Registry& r = registry();
@@ -588,6 +674,24 @@ acmeError_t acmeMemoryStats(int device, size_t* bytesInUse, size_t* blocksInUse,
   return acmeSuccess;
 }
 
+//> ch11 init-and-properties
+acmeError_t acmeInit(void) { return enter(); }
+
+acmeError_t acmeGetDeviceProperties(acmeDeviceProperties* properties, int device) {
+  if (acmeError_t e = enter_uninitialized()) return e;
+  if (!properties)
+    return fail(acmeErrorInvalidValue, "acmeGetDeviceProperties: properties is NULL");
+  if (acmeError_t e = check_device(device)) return e;
+  *properties = {};
+  std::snprintf(properties->name, sizeof properties->name, "acme A1 (simulated)");
+  properties->totalMemory = config().capacity;
+  properties->major = 1;
+  properties->minor = 0;
+  properties->checked = config().checked ? 1 : 0;
+  return acmeSuccess;
+}
+
+//< ch11 init-and-properties
 acmeError_t acmeDeviceAccess(void** kernelView, const void* devPtr) {
   if (acmeError_t e = enter()) return e;
   if (!kernelView) return fail(acmeErrorInvalidValue, "acmeDeviceAccess: kernelView is NULL");

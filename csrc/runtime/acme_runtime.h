@@ -6,7 +6,14 @@
  * records a detailed message for the calling thread (acmeGetLastErrorMessage).
  *
  * Configuration, read once from the environment on the first call:
- *   ACME_DEVICE_COUNT   number of devices, an integer 1..16 (default 2)
+//> ch00 device-count-doc < ch11 device-count-doc
+//  *   ACME_DEVICE_COUNT   number of devices, an integer 1..16 (default 2)
+//< ch00 device-count-doc
+//> ch11 device-count-doc
+ *   ACME_DEVICE_COUNT   number of devices, an integer 0..16 (default 2); with
+ *                       0, every call but acmeGetDeviceCount, acmeCheckedMode
+ *                       and the error queries fails with acmeErrorNoDevice
+//< ch11 device-count-doc
  *   ACME_DEVICE_MEMORY  capacity per device in bytes, with an optional K/M/G/T
  *                       suffix such as "64M" (default 16G; committed lazily)
  *   ACME_CHECKED        1 (default): the host cannot touch device memory, and a
@@ -38,6 +45,10 @@ typedef enum acmeError {
   acmeErrorDeviceMismatch = 8,        /* stream and event, or two events, on different devices */
   acmeErrorNotReady = 9,              /* the work an event marks has not completed yet */
 //< ch06 stream-errors
+//> ch11 init-errors
+  acmeErrorNoDevice = 10,             /* ACME_DEVICE_COUNT=0: the machine has no device */
+  acmeErrorForkedChild = 11,          /* used in a child of fork() after the parent used it */
+//< ch11 init-errors
 } acmeError_t;
 
 typedef enum acmeMemcpyKind {
@@ -191,6 +202,46 @@ ACME_API acmeError_t acmeMemsetAsync(void* devPtr, int value, size_t count,
  * device work in tests and demos (like torch.cuda._sleep). */
 ACME_API acmeError_t acmeLaunchSleepKernel(acmeStream_t stream, unsigned microseconds);
 //< ch06 streams-api
+//> ch11 init-api
+
+/* ---- initialization ----
+ *
+ * The first call that uses a device (anything but acmeGetDeviceCount,
+ * acmeGetDeviceProperties, acmeCheckedMode and the error queries) initializes
+ * the runtime; acmeInit does it explicitly. A process that fork()s after that
+ * leaves its child without the runtime's threads, and in checked mode the
+ * child would share the parent's device memory: every initializing call in
+ * such a child fails with acmeErrorForkedChild. Frees still succeed there (the
+ * child only lets go of its own copy). Start children with "spawn" instead. */
+ACME_API acmeError_t acmeInit(void);
+
+/* The properties of one device. */
+typedef struct acmeDeviceProperties {
+  char name[64];      /* marketing name, e.g. "acme A1 (simulated)" */
+  size_t totalMemory; /* bytes (ACME_DEVICE_MEMORY) */
+  int major, minor;   /* architecture version: what kernels may assume */
+  int checked;        /* 1 if the host cannot touch device memory (ACME_CHECKED) */
+} acmeDeviceProperties;
+
+/* Fills *properties for device; does not initialize the runtime. */
+ACME_API acmeError_t acmeGetDeviceProperties(acmeDeviceProperties* properties, int device);
+
+/* ---- pinned host memory ----
+ *
+ * Host memory the runtime knows: on real hardware it is page-locked, so the
+ * device's copy engines can read and write it while the host runs on, and only
+ * copies from and to it can be asynchronous. acme's is ordinary host memory
+ * the runtime registers, so it can tell pinned from pageable pointers. The
+ * host may read and write it freely. */
+
+/* Allocates size bytes of pinned host memory, 4096-byte aligned. size 0 gives
+ * *ptr = NULL. */
+ACME_API acmeError_t acmeHostAlloc(void** ptr, size_t size);
+/* Frees it given its base pointer. NULL is a no-op. */
+ACME_API acmeError_t acmeHostFree(void* ptr);
+/* *isPinned = 1 if ptr lies inside a live acmeHostAlloc allocation, else 0. */
+ACME_API acmeError_t acmeHostIsPinned(const void* ptr, int* isPinned);
+//< ch11 init-api
 
 #ifdef __cplusplus
 }

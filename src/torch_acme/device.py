@@ -12,8 +12,23 @@ def is_available() -> bool:
     return device_count() > 0
 
 
+#> ch01 device-count < ch11 device-count
+# def device_count() -> int:
+#     return runtime.device_count()
+#< ch01 device-count
+#> ch11 device-count
 def device_count() -> int:
-    return runtime.device_count()
+    """The number of acme devices; 0, with a warning, if the runtime cannot start."""
+    try:
+        return runtime.device_count()
+    except runtime.AcmeError as error:
+        import warnings
+
+        # As torch.cuda.device_count() does when the driver fails: "no devices",
+        # so that is_available() answers False instead of raising.
+        warnings.warn(f"acme initialization: {error}", stacklevel=2)
+        return 0
+#< ch11 device-count
 
 
 def current_device() -> int:
@@ -119,15 +134,31 @@ def default_generator(device=None):
     return torch.ops.acme.default_generator(index)
 
 
-def _is_in_bad_fork() -> bool:
-    # torch.manual_seed seeds a PrivateUse1 backend only if its module has this
-    # and manual_seed_all. acme keeps no state a fork() could break.
-    return False
+#> ch05 bad-fork < ch11 -
+# def _is_in_bad_fork() -> bool:
+#     # torch.manual_seed seeds a PrivateUse1 backend only if its module has this
+#     # and manual_seed_all. acme keeps no state a fork() could break.
+#     return False
+#
+#
+#< ch05 bad-fork
+#> ch05 manual-seed < ch11 manual-seed
+# def manual_seed(seed: int) -> None:
+#     """Seeds the current device's default generator."""
+#     default_generator().manual_seed(int(seed))
+#< ch05 manual-seed
+#> ch11 manual-seed
+def _can_seed() -> bool:
+    # Without devices, or in a forked child that cannot use them, there is no
+    # generator to seed: as with torch.cuda, seeding is then a no-op.
+    return device_count() > 0 and not _is_in_bad_fork()
 
 
 def manual_seed(seed: int) -> None:
     """Seeds the current device's default generator."""
-    default_generator().manual_seed(int(seed))
+    if _can_seed():
+        default_generator().manual_seed(int(seed))
+#< ch11 manual-seed
 
 
 def manual_seed_all(seed: int) -> None:
@@ -138,11 +169,19 @@ def manual_seed_all(seed: int) -> None:
 
 def seed() -> None:
     """Seeds the current device with a nondeterministic random number."""
+#> ch11 seed-guard
+    if not _can_seed():
+        return
+#< ch11 seed-guard
     default_generator().seed()
 
 
 def seed_all() -> None:
     """Seeds every device with one nondeterministic random number."""
+#> ch11 seed-all-guard
+    if not _can_seed():
+        return
+#< ch11 seed-all-guard
     fresh = default_generator(0).seed()
     for index in range(1, device_count()):
         default_generator(index).manual_seed(fresh)
@@ -244,3 +283,81 @@ def check_checkpoint(f) -> None:
 
 #< ch07 check-checkpoint
 #< ch07 serialization
+#> ch11 lazy-init
+
+# ---- initialization (chapter 11) ----
+# Importing torch_acme touches no device. PyTorch calls _lazy_init() before
+# the first acme tensor is made from Python (torch/csrc/utils/device_lazy_init.cpp),
+# and reads _initialized / is_initialized() to learn whether device state
+# exists: torch.utils.checkpoint saves and restores the device's RNG state
+# only then.
+import threading
+
+from . import _C
+
+_initialized = False
+_initialization_lock = threading.Lock()
+
+
+def _is_in_bad_fork() -> bool:
+    """True in a child of fork() whose parent had initialized acme."""
+    return _C._is_in_bad_fork()
+
+
+def is_initialized() -> bool:
+    """Whether acme is initialized in this process."""
+    return _initialized and not _is_in_bad_fork()
+
+
+def _lazy_init() -> None:
+    global _initialized
+    if is_initialized():
+        return
+    with _initialization_lock:
+        if is_initialized():
+            return
+        if _is_in_bad_fork():
+            raise RuntimeError(
+                "Cannot re-initialize acme in forked subprocess. To use acme with "
+                "multiprocessing, you must use the 'spawn' start method")
+        _C._init()  # the hooks' init(): raises if there is no device
+        _initialized = True
+
+
+def init() -> None:
+    """Initialize acme now, rather than at the first tensor."""
+    _lazy_init()
+#< ch11 lazy-init
+#> ch11 properties
+
+
+class _AcmeDeviceProperties:
+    """What ``get_device_properties`` returns, named like torch.cuda's."""
+
+    def __init__(self, fields: dict):
+        self.name = fields["name"]
+        self.major = fields["major"]
+        self.minor = fields["minor"]
+        self.total_memory = fields["total_memory"]
+        self.checked = fields["checked"]
+
+    def __repr__(self) -> str:
+        return (f"_AcmeDeviceProperties(name='{self.name}', major={self.major}, "
+                f"minor={self.minor}, total_memory={self.total_memory // 2**20}MB, "
+                f"checked={self.checked})")
+
+
+def get_device_properties(device=None) -> _AcmeDeviceProperties:
+    """Name, architecture version, memory and mode of `device` (default: current)."""
+    return _AcmeDeviceProperties(runtime.device_properties(_index_or_current(device)))
+
+
+def get_device_name(device=None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device=None) -> tuple[int, int]:
+    """The architecture version as (major, minor), like torch.cuda's."""
+    properties = get_device_properties(device)
+    return properties.major, properties.minor
+#< ch11 properties
