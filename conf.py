@@ -23,6 +23,13 @@ exclude_patterns = ["_build", ".nox", ".git", ".ci", "README.md", "tests", "csrc
 html_theme = "sphinx_book_theme"
 html_title = "Out of Tree"
 html_theme_options = {"show_toc_level": 2, "use_download_button": True}
+# The header has a search button; the theme's sidebar search field would be a second one.
+html_sidebars = {"**": ["navbar-logo.html", "icon-links.html", "sbt-sidebar-nav.html"]}
+html_static_path = ["docs/_static"]
+html_css_files = ["acme.css"]  # diffs in red and green
+html_favicon = "docs/_static/favicon.svg"
+# docs/_root/index.html: the site's root page sends readers to the book's first page.
+html_extra_path = ["docs/_root"]
 
 myst_enable_extensions = ["colon_fence"]
 

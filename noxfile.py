@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -75,7 +76,10 @@ def site(session: nox.Session) -> None:
     """Build every stage, then the site with freshly executed chapters into _build/html."""
     environment(session)
     build(session)
-    run(session, "-m", "sphinx", "-W", "--keep-going", "-E", "-b", "html", ".", "_build/html")
+    # Doctrees beside the site, not inside the folder one publishes.
+    shutil.rmtree(ROOT / "_build" / "html" / ".doctrees", ignore_errors=True)
+    run(session, "-m", "sphinx", "-W", "--keep-going", "-E", "-b", "html",
+        "-d", "_build/doctrees", ".", "_build/html")
 
 
 @nox.session

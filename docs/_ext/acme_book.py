@@ -51,7 +51,9 @@ class SnippetDirective(SphinxDirective):
         text = path.read_text()
         literal = nodes.literal_block(text, text, language=entry["language"])
         where = entry["file"] if entry["kind"] == "file" else f"{entry['file']} ({name})"
-        return [container_wrapper(self, literal, where)]
+        # In backticks: the caption is parsed as markdown, which would turn the
+        # underscores of __init__.py into bold.
+        return [container_wrapper(self, literal, f"`{where}`")]
 
 
 class DiffDirective(SphinxDirective):
