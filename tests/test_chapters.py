@@ -24,6 +24,23 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("chapter", chosen, ids=[f"ch{c['number']:02d}-{c['slug']}" for c in chosen])
 
 
+def machine_paths() -> list[str]:
+    """Folders whose names must never reach a reader: the checkout, the build, the venv."""
+    import sys
+    import tempfile
+
+    return sorted({str(ROOT), str(stage_dir(0).parent.parent), sys.prefix,
+                   tempfile.gettempdir() + "/"})
+
+
+def output_text(output) -> str:
+    if output.output_type == "stream":
+        return output.text
+    if output.output_type == "error":  # a reader sees the traceback field
+        return "\n".join([output.ename, *output.traceback])
+    return "\n".join(str(v) for k, v in output.get("data", {}).items() if k.startswith("text/"))
+
+
 def test_chapter_runs_against_its_stage(chapter):
     number = chapter["number"]
     notebook = jupytext.read(chapter_path(chapter))
@@ -38,6 +55,15 @@ def test_chapter_runs_against_its_stage(chapter):
         client.execute()
     except CellExecutionError as error:
         pytest.fail(f"{chapter_path(chapter).name}: a cell failed:\n{error}", pytrace=False)
+
+    # What a reader sees carries no path of the machine that built the book.
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            text = output_text(output)
+            for path in machine_paths():
+                assert path not in text, (
+                    f"{chapter_path(chapter).name}: an output shows {path}:\n{text[:2000]}"
+                    f"\nin the output of:\n{cell.source}")
 
     code_cells = [c for c in notebook.cells if c.cell_type == "code"]
     assert code_cells, "a chapter without code cells tests nothing"

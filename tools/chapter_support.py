@@ -10,9 +10,13 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+import re
 import runpy
 import subprocess
 import sys
+import sysconfig
+import tempfile
+import textwrap
 import traceback
 from pathlib import Path
 
@@ -21,8 +25,80 @@ def stage_dir(number: int) -> Path:
     return Path(os.environ["ACME_STAGE_DIR"]).parent / f"stage-{number:02d}"
 
 
+# The widest output line that fits the page's text column without scrolling.
+OUTPUT_WIDTH = 88
+
+# Build-machine paths a reader must not see, and what each becomes: a stage's
+# files by their path inside the stage, PyTorch's by their path inside the
+# package, temporary files by their name, PyTorch's "(Triggered internally at
+# <source path>)" tail not at all.
+_MACHINE_PATHS = [
+    (re.compile(r" \(Triggered internally at [^)]*\)"), ""),
+    (re.compile(r"(?:/[^\s:'\"]*)?/stages/stage-\d\d/"), ""),
+    (re.compile(re.escape(sysconfig.get_paths()["purelib"]) + "/"), ""),
+    (re.compile(re.escape(tempfile.gettempdir()) + r"/[^/\s'\"]+/"), ""),
+    (re.compile(re.escape(str(Path(__file__).resolve().parent.parent)) + "/"), ""),
+]
+
+
+def clean(text: str) -> str:
+    """`text` without build-machine paths (see _MACHINE_PATHS)."""
+    for pattern, replacement in _MACHINE_PATHS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class _CleanStream:
+    """The kernel's stdout or stderr, writing clean() text."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        return self._stream.write(clean(text))
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as a reader needs it: its type and message, not the file it came from."""
+    print(f"{category.__name__}: {message}", file=sys.stderr if file is None else file)
+
+
+def _show_exception(shell, etype, value, tb, tb_offset=None):
+    """A failing cell shows its exception line (and message), not PyTorch's frames."""
+    # What IPython's own handler records, and last_error() reads.
+    sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb
+    text = clean(f"{etype.__name__}: {value}")
+    if "Could not run" in text and "\n\n" in text:
+        # The dispatcher goes on to explain selective builds and to list every
+        # dispatch key the op has a kernel for: dozens of lines, none of them
+        # what the cell is about.
+        first = text.split(". ")[0] + "."
+        keys = sum(1 for line in text.partition("\n\n")[2].splitlines() if line.strip())
+        text = f"{first}\n[... the dispatcher's advice and its {keys} kernel registrations]"
+    lines = [piece for line in text.splitlines()
+             for piece in textwrap.wrap(line, OUTPUT_WIDTH, subsequent_indent="    ") or [""]]
+    shell._showtraceback(etype, value, lines)
+    return lines
+
+
+def clean_outputs() -> None:
+    """Outputs without build-machine paths: exceptions and warnings by message."""
+    import warnings
+
+    warnings.showwarning = _show_warning
+    if not isinstance(sys.stdout, _CleanStream):
+        sys.stdout, sys.stderr = _CleanStream(sys.stdout), _CleanStream(sys.stderr)
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    if shell is not None:
+        shell.set_custom_exc((BaseException,), _show_exception)
+
+
 def check_stage(number: int) -> None:
     """Fail unless this kernel imports stage `number`'s build of torch_acme."""
+    clean_outputs()
     expected = stage_dir(number).resolve()
     assert Path(os.environ["ACME_STAGE_DIR"]).resolve() == expected, (
         f"this kernel serves {os.environ['ACME_STAGE_DIR']}, not stage {number}")
