@@ -41,3 +41,6 @@ nb_execution_timeout = 600
 nb_execution_raise_on_error = False
 nb_execution_show_tb = True
 sphinx_tabs_disable_tab_closing = True
+# Failing cells show their exception line (tools/chapter_support.py), not an
+# IPython traceback: render them as plain text.
+nb_render_error_lexer = "text"

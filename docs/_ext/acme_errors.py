@@ -1,7 +1,9 @@
-"""The "Errors you will meet" tables, generated from tests/bad_inputs.toml.
+"""The "Errors you will meet" cards, generated from tests/bad_inputs.toml.
 
-``{acme-errors} devices``  a table of the rows of one topic: the input, the
-    exception it raises (type and message fragment), and what it shows.
+``{acme-errors} devices``  one card per row of a topic: the input, the
+    exception it raises (type and message fragment), and what it shows. Cards,
+    not a table: three columns of code and messages do not fit a text column,
+    let alone a phone (docs/_static/acme.css lets their code wrap).
 
 The same file drives tests/test_bad_inputs.py, which runs every row; the
 page never restates a row by hand. A row whose topic no page renders is a
@@ -59,13 +61,6 @@ def input_text(row: dict) -> str:
     return "\n".join(lines)
 
 
-def cell(*children: nodes.Node) -> nodes.entry:
-    entry = nodes.entry()
-    for child in children:
-        entry += child
-    return entry
-
-
 class ErrorsDirective(SphinxDirective):
     required_arguments = 1  # the topic
 
@@ -80,28 +75,20 @@ class ErrorsDirective(SphinxDirective):
         self.env.acme_errors_rendered.setdefault(self.env.docname, set()).update(
             r["id"] for r in chosen)
 
-        table = nodes.table(classes=["acme-errors"])
-        group = nodes.tgroup(cols=3)
-        table += group
-        for width in (46, 30, 24):
-            group += nodes.colspec(colwidth=width)
-        head = nodes.thead()
-        group += head
-        head += nodes.row("", *(cell(nodes.paragraph(text=t))
-                                for t in ("Input", "Raises", "What it shows")))
-        body = nodes.tbody()
-        group += body
+        cards = []
         for row in chosen:
             code = input_text(row)
+            card = nodes.container(classes=["acme-error-card"])
             title = nodes.paragraph("", "", nodes.strong(text=row["title"]))
             title["ids"].append(row["id"])
-            raises = [nodes.paragraph("", "", nodes.literal(text=row["error"])),
-                      nodes.paragraph("", "", nodes.Text("message contains: "),
-                                      nodes.literal(text=row["message"]))]
-            shows = nodes.paragraph("", "", *text_with_code(row["demonstrates"]))
-            body += nodes.row("", cell(title, nodes.literal_block(code, code, language="python")),
-                              cell(*raises), cell(shows))
-        return [table]
+            card += title
+            card += nodes.literal_block(code, code, language="python")
+            card += nodes.paragraph("", "", nodes.Text("Raises "), nodes.literal(text=row["error"]),
+                                    nodes.Text(", with a message containing "),
+                                    nodes.literal(text=row["message"]))
+            card += nodes.paragraph("", "", *text_with_code(row["demonstrates"]))
+            cards.append(card)
+        return cards
 
 
 def purge(app, env, docname) -> None:
