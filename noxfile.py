@@ -76,6 +76,10 @@ def site(session: nox.Session) -> None:
     """Build every stage, then the site with freshly executed chapters into _build/html."""
     environment(session)
     build(session)
+    # The benchmark page shows measured figures: a quick run (about 20 s) when
+    # `nox -s bench` has not written fuller ones.
+    if not (ROOT / "_build" / "bench" / "results.json").exists():
+        run(session, "tools/bench.py", "--quick")
     # Doctrees beside the site, not inside the folder one publishes.
     shutil.rmtree(ROOT / "_build" / "html" / ".doctrees", ignore_errors=True)
     run(session, "-m", "sphinx", "-W", "--keep-going", "-E", "-b", "html",

@@ -15,7 +15,7 @@ chapter's source file in the copy.
 Writes into OUT (default _build/bench): results.json (every number),
 results.md (the tables docs/bench.md shows) and the plots as PNG files.
 
-Usage: python tools/bench.py [--out DIR] [--rounds N] [--skip-build]
+Usage: python tools/bench.py [--out DIR] [--rounds N] [--skip-build] [--quick]
 (`nox -s bench` builds every stage, then runs this.)
 """
 
@@ -225,7 +225,11 @@ def verdict(ok: bool) -> str:
 def report(results: dict) -> str:
     m = results["machine"]
     runs = results["runs"]
+    quick = ("**A quick run** (`nox -s site` ran it because no fuller results existed): "
+             f"{results['rounds']} rounds and no build figures. `nox -s bench` measures with "
+             "more rounds and the builds, and the next site build shows its figures.")
     lines = [
+        *([quick, ""] if results.get("quick") else []),
         f"Measured {m['date']} on {m['cores']} cores of an {m['cpu']}, torch {m['torch']}, "
         f"Python {m['python']} (commit {m.get('commit', '?')}). Load average before and "
         f"after: {results['load_before']} / {results['load_after']}. Each figure is the median "
@@ -377,7 +381,11 @@ def main() -> None:
     parser.add_argument("--skip-build", action="store_true", help="no build figures")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true",
+                        help="3 rounds, no build figures, labelled as a quick run (for the site)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.skip_build = 3, True
     if args.worker:
         print(json.dumps(worker(args.rounds)))
         return
@@ -387,7 +395,8 @@ def main() -> None:
             raise SystemExit(f"stage {stage} is not built in {BUILD}: run `nox -s bench`")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"machine": machine(), "rounds": args.rounds, "load_before": load(),
+    results: dict = {"machine": machine(), "rounds": args.rounds, "quick": args.quick,
+                     "load_before": load(),
                      "targets_wanted": TARGETS, "runs": {}}
     for stage, path in [(NATIVE, "native"), (FALLBACK, "fallback")]:
         for checked in (True, False):
