@@ -7,20 +7,29 @@
 
 Everything is read from _build/ (snippets/, diffs/), which `nox -s site` writes
 before Sphinx runs; a missing file is an error, never an empty page.
+
+Chapters are rendered with the outputs of their stored run (tools/chapter_runs.py):
+the test suite's, or one made here when that is missing or stale. The .ipynb
+downloads are those runs, outputs included.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tomllib
 from pathlib import Path
 
 import jupytext
+import nbformat
 from docutils import nodes
+from myst_nb.core import read as myst_nb_read
+from nbclient.exceptions import CellExecutionError
 from sphinx import addnodes
 from sphinx.directives.code import container_wrapper
 from sphinx.errors import ExtensionError
+from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,20 +110,86 @@ class StageDirective(SphinxDirective):
         return [box]
 
 
-def write_notebooks(app) -> None:
-    """The .ipynb downloads: each chapter converted without outputs."""
+# ---- one execution, two uses (tools/chapter_runs.py) ----
+# The test suite runs every chapter and keeps the executed notebook under a key
+# of its inputs. The site renders those runs: before Sphinx reads anything,
+# each chapter whose stored run is missing or stale is executed again (never
+# shown stale), and reading a chapter takes its outputs from the stored run.
+
+sys.path.insert(0, str(ROOT))
+from tools import chapter_runs  # noqa: E402
+
+LOGGER = logging.getLogger(__name__)
+
+
+def run_chapters(app) -> None:
+    """Make every chapter's stored run current, then write the .ipynb downloads."""
     out = BUILD / "notebooks"
     out.mkdir(parents=True, exist_ok=True)
     for chapter in chapters():
-        source = ROOT / "chapters" / f"{notebook_name(chapter)}.md"
-        if not source.exists():
-            raise ExtensionError(f"chapters.toml lists {source.name}, which does not exist")
-        jupytext.write(jupytext.read(source), out / f"{notebook_name(chapter)}.ipynb")
+        if not chapter_runs.source(chapter).exists():
+            raise ExtensionError(f"chapters.toml lists {chapter_runs.source(chapter).name}, "
+                                 "which does not exist")
+        notebook = chapter_runs.cached(chapter)
+        if notebook is None:
+            LOGGER.info("executing %s (no current run)", chapter_runs.source(chapter).name)
+            try:
+                notebook = chapter_runs.execute(chapter)
+            except CellExecutionError as error:
+                LOGGER.warning("%s: a cell failed:\n%s", chapter_runs.source(chapter).name, error)
+                notebook = jupytext.read(chapter_runs.source(chapter))
+        download = out / f"{notebook_name(chapter)}.ipynb"
+        text = nbformat.writes(notebook)
+        if not download.exists() or download.read_text() != text:
+            download.write_text(text)
+
+
+def with_stored_outputs(notebook, path):
+    """A chapter as myst-nb read it, with the outputs of its stored run."""
+    kernel = notebook.metadata.get("kernelspec", {}).get("name", "")
+    if not kernel.startswith("acme-stage-"):
+        return notebook
+    chapter = next(c for c in chapters() if c["number"] == int(kernel.rsplit("-", 1)[1]))
+    run = chapter_runs.cached(chapter)
+    if run is None:
+        LOGGER.warning("%s: no current run of this chapter to show", path)
+        return notebook
+    read = [c for c in notebook.cells if c.cell_type == "code"]
+    ran = [c for c in run.cells if c.cell_type == "code"]
+    if [c.source.strip() for c in read] != [c.source.strip() for c in ran]:
+        LOGGER.warning("%s: its stored run has other code cells than the page", path)
+        return notebook
+    for cell, executed in zip(read, ran):
+        cell.outputs = executed.outputs
+        cell.execution_count = executed.execution_count
+    return notebook
+
+
+def install_reader() -> None:
+    plain = myst_nb_read.read_myst_markdown_notebook
+
+    def read(text, config=None, add_source_map=False, path=None):
+        return with_stored_outputs(plain(text, config=config, add_source_map=add_source_map,
+                                         path=path), path)
+
+    myst_nb_read.read_myst_markdown_notebook = read
+
+
+def outdated_by_runs(app, env, added, changed, removed) -> list[str]:
+    """Pages whose shown outputs changed although their text did not."""
+    keys = {f"chapters/{notebook_name(c)}": chapter_runs.key(c) for c in chapters()}
+    bench = BUILD / "bench" / "results.json"
+    keys["docs/bench"] = str(bench.stat().st_mtime_ns) if bench.exists() else ""
+    before = getattr(env, "acme_output_keys", {})
+    env.acme_output_keys = keys
+    return [doc for doc, k in keys.items() if before.get(doc) != k and doc in env.found_docs]
 
 
 def setup(app):
     app.add_directive("acme-snippet", SnippetDirective)
     app.add_directive("acme-diff", DiffDirective)
     app.add_directive("acme-stage", StageDirective)
-    app.connect("builder-inited", write_notebooks)
+    install_reader()
+    app.connect("builder-inited", run_chapters)
+    app.connect("env-get-outdated", outdated_by_runs)
     return {"parallel_read_safe": True, "version": "1"}

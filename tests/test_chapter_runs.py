@@ -1,0 +1,63 @@
+"""The stored chapter runs the site renders (tools/chapter_runs.py) are never stale."""
+
+from __future__ import annotations
+
+import shutil
+
+import nbformat
+import pytest
+
+from conftest import CHAPTERS, stage_dir
+from tools import chapter_runs
+
+FIRST = CHAPTERS[0]
+
+
+@pytest.fixture
+def build(tmp_path, monkeypatch):
+    """A build folder of its own holding a copy of stage 0's package."""
+    package = tmp_path / "stages" / "stage-00" / "src" / "torch_acme"
+    shutil.copytree(stage_dir(0) / "src" / "torch_acme", package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("ACME_BUILD_DIR", str(tmp_path))
+    return package
+
+
+def store(chapter, key: str) -> None:
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["acme_key"] = key
+    chapter_runs.stored(chapter).parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, chapter_runs.stored(chapter))
+
+
+def test_a_run_is_reused_only_under_its_key(build):
+    assert chapter_runs.cached(FIRST) is None  # nothing stored yet
+    store(FIRST, chapter_runs.key(FIRST))
+    assert chapter_runs.cached(FIRST) is not None
+    store(FIRST, "a key of other inputs")
+    assert chapter_runs.cached(FIRST) is None
+
+
+def test_the_key_follows_the_stage_build(build):
+    before = chapter_runs.key(FIRST)
+    assert chapter_runs.key(FIRST) == before  # deterministic
+    extension = next(build.glob("_C*.so"))
+    extension.write_bytes(extension.read_bytes() + b"\0")  # a rebuilt extension
+    assert chapter_runs.key(FIRST) != before
+    # Python caches written by importing the stage do not count.
+    changed = chapter_runs.key(FIRST)
+    (build / "__pycache__").mkdir()
+    (build / "__pycache__" / "device.cpython-311.pyc").write_bytes(b"cache")
+    assert chapter_runs.key(FIRST) == changed
+
+
+def test_a_run_with_an_unexpected_error_is_not_kept():
+    ok = nbformat.v4.new_code_cell("1", execution_count=1)
+    raised = nbformat.v4.new_code_cell("1 / 0", execution_count=2)
+    raised.outputs = [nbformat.v4.new_output("error", ename="ZeroDivisionError", evalue="", traceback=[])]
+    notebook = nbformat.v4.new_notebook(cells=[ok, raised])
+    assert not chapter_runs.behaved(notebook)
+    raised.metadata["tags"] = ["raises-exception"]
+    assert chapter_runs.behaved(notebook)
+    ok.execution_count = None  # a cell that never ran
+    assert not chapter_runs.behaved(notebook)

@@ -1,0 +1,90 @@
+"""One execution, two uses: a chapter runs once against its stage, and both the
+test suite and the site use that run.
+
+An executed notebook is kept in <build>/executed/NN-slug.ipynb with the key it
+was made under: a hash of the chapter's text, the helpers its cells import, and
+the builds of its own stage and the one before it (its "what fails before"
+cells run there). Any change to those makes the key differ, so a stale run is
+never reused: it is executed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import jupytext
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_dir() -> Path:
+    return Path(os.environ.get("ACME_BUILD_DIR", ROOT / "_build")).resolve()
+
+
+def source(chapter: dict) -> Path:
+    return ROOT / "chapters" / f"{chapter['number']:02d}-{chapter['slug']}.md"
+
+
+def stored(chapter: dict) -> Path:
+    return build_dir() / "executed" / f"{chapter['number']:02d}-{chapter['slug']}.ipynb"
+
+
+def key(chapter: dict) -> str:
+    digest = hashlib.sha256()
+    for path in [source(chapter), ROOT / "tools" / "chapter_support.py"]:
+        digest.update(path.read_bytes())
+    for number in (chapter["number"] - 1, chapter["number"]):
+        package = build_dir() / "stages" / f"stage-{number:02d}" / "src" / "torch_acme"
+        for path in sorted(package.rglob("*")) if package.is_dir() else []:
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cached(chapter: dict) -> nbformat.NotebookNode | None:
+    """The stored run, if it was made under the current key."""
+    path = stored(chapter)
+    if not path.exists():
+        return None
+    notebook = nbformat.read(path, as_version=4)
+    return notebook if notebook.metadata.get("acme_key") == key(chapter) else None
+
+
+def execute(chapter: dict) -> nbformat.NotebookNode:
+    """Run the chapter in its stage's kernel; keep the run if every cell behaved.
+
+    Raises nbclient's CellExecutionError when a cell fails unexpectedly. The
+    returned notebook is what the tests check; it is stored only when cells
+    tagged raises-exception, and only those, raised.
+    """
+    notebook = jupytext.read(source(chapter))
+    the_key = key(chapter)  # before running: the run is of these inputs
+    kernel = notebook.metadata["kernelspec"]["name"]
+    client = NotebookClient(notebook, kernel_name=kernel, timeout=600,
+                            resources={"metadata": {"path": str(ROOT / "chapters")}})
+    client.execute()
+    if behaved(notebook):
+        notebook.metadata["acme_key"] = the_key
+        stored(chapter).parent.mkdir(parents=True, exist_ok=True)
+        tmp = stored(chapter).with_suffix(".tmp")
+        nbformat.write(notebook, tmp)
+        tmp.replace(stored(chapter))
+    return notebook
+
+
+def behaved(notebook) -> bool:
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        raised = any(o.output_type == "error" for o in cell.get("outputs", []))
+        if raised != ("raises-exception" in cell.metadata.get("tags", [])):
+            return False
+        if not cell.get("execution_count"):
+            return False
+    return True
+
