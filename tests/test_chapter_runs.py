@@ -56,8 +56,10 @@ def test_a_run_with_an_unexpected_error_is_not_kept():
     raised = nbformat.v4.new_code_cell("1 / 0", execution_count=2)
     raised.outputs = [nbformat.v4.new_output("error", ename="ZeroDivisionError", evalue="", traceback=[])]
     notebook = nbformat.v4.new_notebook(cells=[ok, raised])
-    assert not chapter_runs.behaved(notebook)
+    assert chapter_runs.misbehaving_cells(notebook) == ["cell raised:\n1 / 0"]
     raised.metadata["tags"] = ["raises-exception"]
-    assert chapter_runs.behaved(notebook)
+    assert chapter_runs.misbehaving_cells(notebook) == []
     ok.execution_count = None  # a cell that never ran
-    assert not chapter_runs.behaved(notebook)
+    assert chapter_runs.misbehaving_cells(notebook) == ["cell did not run:\n1"]
+    ok.execution_count, raised.outputs = 1, []  # a tagged cell that did not raise
+    assert chapter_runs.misbehaving_cells(notebook) == ["cell expected to raise did not:\n1 / 0"]

@@ -68,7 +68,7 @@ def execute(chapter: dict) -> nbformat.NotebookNode:
     client = NotebookClient(notebook, kernel_name=kernel, timeout=600,
                             resources={"metadata": {"path": str(ROOT / "chapters")}})
     client.execute()
-    if behaved(notebook):
+    if not misbehaving_cells(notebook):
         notebook.metadata["acme_key"] = the_key
         stored(chapter).parent.mkdir(parents=True, exist_ok=True)
         tmp = stored(chapter).with_suffix(".tmp")
@@ -77,14 +77,19 @@ def execute(chapter: dict) -> nbformat.NotebookNode:
     return notebook
 
 
-def behaved(notebook) -> bool:
+def misbehaving_cells(notebook) -> list[str]:
+    """Why each code cell that misbehaved did: a cell tagged raises-exception must
+    raise, no other cell may, and every cell must have run."""
+    problems = []
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
         raised = any(o.output_type == "error" for o in cell.get("outputs", []))
-        if raised != ("raises-exception" in cell.metadata.get("tags", [])):
-            return False
+        if "raises-exception" in cell.metadata.get("tags", []):
+            if not raised:
+                problems.append(f"cell expected to raise did not:\n{cell.source}")
+        elif raised:
+            problems.append(f"cell raised:\n{cell.source}")
         if not cell.get("execution_count"):
-            return False
-    return True
-
+            problems.append(f"cell did not run:\n{cell.source}")
+    return problems
