@@ -122,6 +122,11 @@ from tools import chapter_runs  # noqa: E402
 
 LOGGER = logging.getLogger(__name__)
 
+# This build's run of each chapter (None if it failed), keyed by chapter
+# number, with the key it was made under: hashing the stage builds is the
+# expensive part, so it happens once per build, in run_chapters.
+RUNS: dict[int, tuple[str, nbformat.NotebookNode | None]] = {}
+
 
 def run_chapters(app) -> None:
     """Make every chapter's stored run current, then write the .ipynb downloads."""
@@ -131,14 +136,17 @@ def run_chapters(app) -> None:
         if not chapter_runs.source(chapter).exists():
             raise ExtensionError(f"chapters.toml lists {chapter_runs.source(chapter).name}, "
                                  "which does not exist")
-        notebook = chapter_runs.cached(chapter)
-        if notebook is None:
+        notebook = run = chapter_runs.cached(chapter)
+        if run is None:
             LOGGER.info("executing %s (no current run)", chapter_runs.source(chapter).name)
             try:
                 notebook = chapter_runs.execute(chapter)
+                run = chapter_runs.cached(chapter)  # None unless every cell behaved
             except CellExecutionError as error:
                 LOGGER.warning("%s: a cell failed:\n%s", chapter_runs.source(chapter).name, error)
                 notebook = jupytext.read(chapter_runs.source(chapter))
+        key = run.metadata["acme_key"] if run is not None else chapter_runs.key(chapter)
+        RUNS[chapter["number"]] = (key, run)
         download = out / f"{notebook_name(chapter)}.ipynb"
         text = nbformat.writes(for_download(notebook, chapter))
         if not download.exists() or download.read_text() != text:
@@ -181,8 +189,7 @@ def with_stored_outputs(notebook, path):
     kernel = notebook.metadata.get("kernelspec", {}).get("name", "")
     if not kernel.startswith("acme-stage-"):
         return notebook
-    chapter = next(c for c in chapters() if c["number"] == int(kernel.rsplit("-", 1)[1]))
-    run = chapter_runs.cached(chapter)
+    _, run = RUNS[int(kernel.rsplit("-", 1)[1])]
     if run is None:
         LOGGER.warning("%s: no current run of this chapter to show", path)
         return notebook
@@ -209,7 +216,7 @@ def install_reader() -> None:
 
 def outdated_by_runs(app, env, added, changed, removed) -> list[str]:
     """Pages whose shown outputs changed although their text did not."""
-    keys = {f"chapters/{notebook_name(c)}": chapter_runs.key(c) for c in chapters()}
+    keys = {f"chapters/{notebook_name(c)}": RUNS[c["number"]][0] for c in chapters()}
     bench = BUILD / "bench" / "results.json"
     keys["docs/bench"] = str(bench.stat().st_mtime_ns) if bench.exists() else ""
     before = getattr(env, "acme_output_keys", {})
