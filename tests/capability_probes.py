@@ -160,10 +160,26 @@ def ch11_hooks():
             and module.is_initialized())
 
 
+def ch12_memory():
+    import torch
+    import torch_acme  # noqa: F401
+
+    # The caching allocator answers torch.accelerator's memory questions, and
+    # a freed block serves the next tensor of its size without the runtime.
+    before = torch.accelerator.memory_allocated()
+    t = torch.empty(1000, device=device())
+    grew = torch.accelerator.memory_allocated() - before
+    address = t.data_ptr()
+    del t
+    again = torch.empty(1000, device=device())
+    module = getattr(torch, device())
+    return grew == 4096 and again.data_ptr() == address and module.memory_reserved() > 0
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
-          11: ch11_hooks}
+          11: ch11_hooks, 12: ch12_memory}
 
 
 def main():

@@ -68,11 +68,21 @@ def built_stages(config) -> list[int]:
 
 def device_memory_in_use(collect: bool = True) -> list[tuple[int, int]]:
     """(bytes, blocks) in use on each acme device."""
-    from torch_acme import runtime
+    from torch_acme import _build_info, runtime
 
     def measure():
         stats = [runtime.memory_stats(d) for d in range(runtime.device_count())]
-        return [(s["bytes_in_use"], s["blocks_in_use"]) for s in stats]
+        counts = [(s["bytes_in_use"], s["blocks_in_use"]) for s in stats]
+        if _build_info.STAGE < 12:
+            return counts
+        # From chapter 12 the caching allocator keeps freed blocks' segments:
+        # what tensors hold is its allocated figure, and raw runtime allocations
+        # are whatever the runtime holds beyond the allocator's segments.
+        import torch
+        cached = [torch.accelerator.memory_stats(d) for d in range(len(counts))]
+        return [(b - c["reserved_bytes.all.current"] + c["requested_bytes.all.current"],
+                 n - c["segment.all.current"] + c["allocation.all.current"])
+                for (b, n), c in zip(counts, cached)]
 
     now = measure()
     if collect and any(b or n for b, n in now):

@@ -186,7 +186,14 @@ import json, torch, torch_acme
 from torch_acme import runtime
 
 def in_use():
-    return [runtime.memory_stats(d)["bytes_in_use"] for d in range(runtime.device_count())]
+    # Bytes tensors hold (the caching allocator's requested bytes) plus raw
+    # runtime allocations (whatever the runtime holds beyond the cache's segments).
+    out = []
+    for d in range(runtime.device_count()):
+        cache = torch.accelerator.memory_stats(d)
+        out.append(runtime.memory_stats(d)["bytes_in_use"] - cache["reserved_bytes.all.current"]
+                   + cache["requested_bytes.all.current"])
+    return out
 
 steps = {}
 x = torch.ones(176 * 1024, device="acme")          # 704 KiB of 1 MiB

@@ -1,11 +1,23 @@
-"""Benchmarks: acme's native kernels and CPU fallback against the CPU, and build times.
+"""Benchmarks: acme's kernels, fallback and allocator against the CPU, and build times.
 
 Every op figure is a ratio, acme time / CPU time, both measured in the same
 process and run: the two are timed in alternation, round after round, and the
 median of the per-round ratios is reported (with the median times). One
 backend per process, so each configuration runs in a worker process of its
-own: stage 10 (native kernels) and stage 9 (CPU fallback), each with checked
-device memory (the default) and with ACME_CHECKED=0.
+own: the newest stage ("native": native kernels and, from chapter 12, the
+caching allocator) and stage 9 (CPU fallback), each with checked device memory
+(the default) and with ACME_CHECKED=0, and the stage before the newest
+("previous", checked mode only), to show what the newest chapter buys.
+
+Besides the small and large ops, each worker times a Python loop of
+`torch.ones(4, device=dev) + 1` against the same loop on the CPU (100,000
+iterations per round for the newest stage, fewer for the older ones, whose
+iterations cost far more), and a 4 MiB allocation, fill and free per
+iteration. Where the stage has torch.accelerator memory statistics (the
+caching allocator, stage 12 on), it also runs a fragmentation test: 100,000
+cycles of mixed-size allocations and frees (log-uniform 512 B - 8 MiB, about
+32 live tensors, a fixed seed), sampling the reserved bytes every 1000 cycles,
+then frees everything and checks that empty_cache() leaves nothing reserved.
 
 The build figures come from a copy of the repository's sources in a temporary
 folder (the repository itself is never modified): a cold build of every stage
@@ -16,7 +28,8 @@ Writes into OUT (default _build/bench): results.json (every number),
 results.md (the tables docs/bench.md shows) and the plots as PNG files.
 
 Usage: python tools/bench.py [--out DIR] [--rounds N] [--skip-build] [--quick]
-(`nox -s bench` builds every stage, then runs this.)
+(`nox -s bench` builds every stage, then runs this. --quick: 3 rounds, at most
+20,000 loop iterations, 20,000 fragmentation cycles, no build figures.)
 """
 
 from __future__ import annotations
@@ -32,24 +45,36 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = Path(os.environ.get("ACME_BUILD_DIR", ROOT / "_build")).resolve()
-NATIVE, FALLBACK = 10, 9  # the stages compared
+# The stages compared: the newest (its native kernels and caching allocator),
+# the one before it (plain allocator) and the last one without native kernels.
+NATIVE = tomllib.loads((ROOT / "chapters" / "chapters.toml").read_text())["chapter"][-1]["number"]
+PREVIOUS, FALLBACK = NATIVE - 1, 9
 
-# Targets from the chapter 10 issue: benchmarks, never asserted.
+# Python-loop iterations per round and fragmentation cycles: (full run, --quick).
+LOOP_NUMBER = {"native": (100_000, 20_000), "other": (5_000, 2_000)}
+CYCLES = (100_000, 20_000)
+
+# Targets from the chapter 10 and chapter 12 issues: benchmarks, never asserted.
 TARGETS = {
     "small": 1.3,     # native small op <= 1.3x CPU
     "matmul": 1.03,   # native 1024^2 matmul <= 1.03x CPU
     "fallback": 1.10,  # fallback overhead <= (both copies) x 1.10
+    "loop": 1.5,      # torch.ones(4, device=dev) + 1 in a Python loop <= 1.5x CPU
+    "large": 1.1,     # add 1M and mul 1M <= 1.1x CPU ...
+    "large_spread": 1.5,  # ... with the highest round <= 1.5x the lowest
+    "reserved_after_empty_cache": 0,  # bytes still reserved once everything is freed
 }
 
 
 # ---- the worker: runs inside one stage's environment -------------------------------
 
 
-def worker(rounds: int) -> dict:
+def worker(rounds: int, loop_number: int, cycles: int) -> dict:
     """Times the ops in this process (one stage, one ACME_CHECKED); prints JSON."""
     import warnings
 
@@ -79,7 +104,8 @@ def worker(rounds: int) -> dict:
             ratios.append(a / c)
         return {"ratio": statistics.median(ratios), "cpu_s": statistics.median(cpu_times),
                 "acme_s": statistics.median(acme_times), "rounds": rounds, "number": number,
-                "ratios": ratios}
+                "ratios": ratios, "spread": max(ratios) / min(ratios),
+                "cpu_times": cpu_times, "acme_times": acme_times}
 
     results: dict = {"stage": _build_info.STAGE, "threads": torch.get_num_threads()}
 
@@ -122,14 +148,85 @@ def worker(rounds: int) -> dict:
         "overhead_over_copies": median[4], "rounds": rounds, "number": 20,
         "ratios": per_round,
     }
+
+    # The fixed cost of a device op as a Python loop sees it: a factory, an op and
+    # two frees per iteration. The same call shape on both sides, so that the
+    # argument parsing costs the same.
+    results["loop"] = compare(lambda: torch.ones(4, device="cpu") + 1,
+                              lambda: torch.ones(4, device=dev) + 1, loop_number)
+
+    # An allocation large enough to need its own mapping without a cache, touched
+    # (so its pages fault in checked mode), then freed.
+    def alloc_fill_free(device: str) -> None:
+        t = torch.empty(1 << 20, device=device)
+        t.fill_(1.0)
+        del t
+
+    results["alloc"] = compare(lambda: alloc_fill_free("cpu"), lambda: alloc_fill_free(dev), 50)
+    results["alloc"]["op"] = "empty(1M float32, 4 MiB) + fill_ + del"
+
+    del da, db, dm, dx, dy  # the fragmentation test ends by freeing every tensor
+    try:
+        torch.accelerator.memory_reserved()
+    except Exception:  # noqa: BLE001 - no DeviceAllocator for acme before chapter 12
+        results["fragmentation"] = None
+    else:
+        results["fragmentation"] = fragmentation(torch, dev, cycles)
     return results
 
 
-def run_worker(stage: int, checked: bool, rounds: int) -> dict:
+def fragmentation(torch, dev: str, cycles: int, window: int = 32, every: int = 1000) -> dict:
+    """Mixed-size allocations and frees through the caching allocator; reserved bytes over time."""
+    import math
+    import random
+
+    rng = random.Random(12)
+    low, high = math.log(512), math.log(8 << 20)
+
+    def allocate():
+        return torch.empty(int(math.exp(rng.uniform(low, high))), dtype=torch.uint8, device=dev)
+
+    torch.accelerator.empty_cache()
+    torch.accelerator.reset_peak_memory_stats()
+    reserved_before = torch.accelerator.memory_reserved()
+    live = [allocate() for _ in range(window)]
+    reserved, allocated = [], []
+    start = time.perf_counter()
+    for cycle in range(cycles):
+        if cycle % every == 0:
+            reserved.append(torch.accelerator.memory_reserved())
+            allocated.append(torch.accelerator.memory_allocated())
+        # Free a random live tensor, allocate one in its place.
+        victim = rng.randrange(len(live))
+        live[victim] = live[-1]
+        live.pop()
+        live.append(allocate())
+    elapsed = time.perf_counter() - start
+    steady = torch.accelerator.memory_reserved()
+    reserved.append(steady)
+    allocated.append(torch.accelerator.memory_allocated())
+    peak = torch.accelerator.max_memory_reserved()
+    peak_allocated = torch.accelerator.max_memory_allocated()
+    live.clear()
+    cached = torch.accelerator.memory_reserved()
+    torch.accelerator.empty_cache()
+    return {
+        "cycles": cycles, "window": window, "sizes": "log-uniform 512 B - 8 MiB", "seed": 12,
+        "sample_every": every, "reserved_samples": reserved, "allocated_samples": allocated,
+        "reserved_before": reserved_before, "peak_reserved": peak, "steady_reserved": steady,
+        "peak_over_steady": peak / steady if steady else None,
+        "peak_allocated": peak_allocated, "reserved_freed_before_empty_cache": cached,
+        "reserved_after_empty_cache": torch.accelerator.memory_reserved(),
+        "seconds_per_cycle": elapsed / cycles,
+    }
+
+
+def run_worker(stage: int, checked: bool, rounds: int, loop_number: int, cycles: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(BUILD / "stages" / f"stage-{stage:02d}" / "src"),
                ACME_CHECKED="1" if checked else "0", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    done = subprocess.run([sys.executable, __file__, "--worker", "--rounds", str(rounds)],
-                          env=env, capture_output=True, text=True, timeout=1800)
+    command = [sys.executable, __file__, "--worker", "--rounds", str(rounds),
+               "--loop-number", str(loop_number), "--cycles", str(cycles)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"stage {stage} worker failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -222,12 +319,98 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "**not met**"
 
 
+def mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def column(key: str) -> str:
+    """A table heading for one configuration, e.g. 'native (stage 12), checked'."""
+    path, checked = key.split("-")
+    return f"{path} (stage {STAGES[path]}), {checked}"
+
+
+def memory_rows(runs: dict) -> list[tuple[str, dict, dict]]:
+    """(label, stage PREVIOUS figure, stage NATIVE figure), checked mode, for the memory table."""
+    old, new = runs["previous-checked"], runs["native-checked"]
+    rows = [(f"{op} (4 elements)", old["small"][op], new["small"][op]) for op in new["small"]]
+    rows.append(("loop", old["loop"], new["loop"]))
+    rows += [(op, old["large"][op], new["large"][op]) for op in ("add 1M", "mul 1M")]
+    rows.append(("alloc 4 MiB", old["alloc"], new["alloc"]))
+    return rows
+
+
+def memory_section(results: dict) -> list[str]:
+    runs = results["runs"]
+    old, new = runs["previous-checked"], runs["native-checked"]
+    lines = [
+        f"**Memory: stage {PREVIOUS} against stage {NATIVE}** (checked mode). Stage {PREVIOUS} "
+        "maps every device allocation afresh, stage "
+        f"{NATIVE} keeps freed blocks in a cache and hands them out again. Ratios are acme / CPU "
+        f"with the lowest and highest round; the last column divides stage {PREVIOUS}'s figure "
+        f"by stage {NATIVE}'s (above 1: stage {NATIVE} is faster by that factor).",
+        "",
+        f"| measurement | stage {PREVIOUS} | stage {NATIVE} | stage {PREVIOUS} / stage {NATIVE} |",
+        "| --- | --- | --- | --- |",
+    ]
+    for label, a, b in memory_rows(runs):
+        # For a time, how many times faster; for a ratio to the CPU, the same
+        # (the CPU's time is the same in both stages, up to noise).
+        gain = a["acme_s"] / b["acme_s"] if label == "alloc 4 MiB" else a["ratio"] / b["ratio"]
+        if label == "loop":
+            label = (f"Python loop of `torch.ones(4, device=dev) + 1` ({a['number']:,} / "
+                     f"{b['number']:,} iterations a round), acme / CPU")
+            cells = [spread(a), spread(b)]
+        elif label == "alloc 4 MiB":
+            label = "4 MiB `torch.empty` + `fill_(1.0)` + `del`, time per iteration"
+            cells = [f"{f['acme_s'] * 1e6:.0f} µs; {spread(f)} the CPU" for f in (a, b)]
+        elif label.endswith(" 1M"):
+            label = f"{label} (float32), acme / CPU; highest round / lowest"
+            cells = [f"{spread(f)}; {f['spread']:.2f}" for f in (a, b)]
+        else:
+            label = f"{label}, acme / CPU"
+            cells = [spread(a), spread(b)]
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} | {gain:.2f} |")
+    lines += ["", "<!-- plot: memory_stages.png -->", ""]
+    frag = new.get("fragmentation")
+    if not frag:
+        lines += [f"**Fragmentation**: not measured (stage {NATIVE} has no memory statistics "
+                  "in `torch.accelerator`).", ""]
+        return lines
+    met = frag["reserved_after_empty_cache"] == TARGETS["reserved_after_empty_cache"]
+    lines += [
+        f"**Fragmentation** (stage {NATIVE}, checked): {frag['cycles']:,} cycles, each freeing "
+        f"a random one of {frag['window']} live tensors and allocating another (sizes "
+        f"{frag['sizes']}, seed {frag['seed']}; {frag['seconds_per_cycle'] * 1e6:.1f} µs a "
+        f"cycle), `torch.accelerator.memory_reserved()` sampled every {frag['sample_every']:,} "
+        f"cycles. Reserved memory peaked at {mib(frag['peak_reserved'])} and stood at "
+        f"{mib(frag['steady_reserved'])} after the last cycle: peak / steady "
+        f"{frag['peak_over_steady']:.2f}. Live tensors peaked at "
+        f"{mib(frag['peak_allocated'])}. With every tensor freed, the cache still held "
+        f"{mib(frag['reserved_freed_before_empty_cache'])}; `torch.accelerator.empty_cache()` "
+        f"then left {frag['reserved_after_empty_cache']} bytes reserved (target 0: "
+        f"{verdict(met)}).",
+    ]
+    other = runs.get("native-unchecked", {}).get("fragmentation")
+    if other:
+        lines[-1] += (f" Unchecked: peak {mib(other['peak_reserved'])}, steady "
+                      f"{mib(other['steady_reserved'])} ({other['peak_over_steady']:.2f}), "
+                      f"{other['reserved_after_empty_cache']} bytes after `empty_cache()`.")
+    lines += ["", "<!-- plot: fragmentation.png -->", ""]
+    return lines
+
+
 def report(results: dict) -> str:
     m = results["machine"]
     runs = results["runs"]
+    n = results["numbers"]
     quick = ("**A quick run** (`nox -s site` ran it because no fuller results existed): "
-             f"{results['rounds']} rounds and no build figures. `nox -s bench` measures with "
-             "more rounds and the builds, and the next site build shows its figures.")
+             f"{results['rounds']} rounds, {n['loop_native']:,} loop iterations a round for stage "
+             f"{NATIVE} and {n['loop_other']:,} for the others (instead of "
+             f"{LOOP_NUMBER['native'][0]:,} and {LOOP_NUMBER['other'][0]:,}), "
+             f"{n['cycles']:,} fragmentation cycles (instead of {CYCLES[0]:,}) and no build "
+             "figures. `nox -s bench` measures with more rounds and the builds, and the next "
+             "site build shows its figures.")
+    headings = "| op | " + " | ".join(column(k) for k in RUN_KEYS) + " |"
     lines = [
         *([quick, ""] if results.get("quick") else []),
         f"Measured {m['date']} on {m['cores']} cores of an {m['cpu']}, torch {m['torch']}, "
@@ -238,20 +421,20 @@ def report(results: dict) -> str:
         "",
         "**Small ops** (4-element float32 tensors): acme / CPU",
         "",
-        "| op | native, checked | native, unchecked | fallback, checked | fallback, unchecked |",
+        headings,
         "| --- | --- | --- | --- | --- |",
     ]
     for op in runs["native-checked"]["small"]:
         cells = [spread(runs[k]["small"][op]) for k in RUN_KEYS]
         lines.append(f"| {op} | " + " | ".join(cells) + " |")
     lines += ["", "<!-- plot: small_ops.png -->", "", "**Large ops**: acme / CPU", "",
-              "| op | native, checked | native, unchecked | fallback, checked | fallback, unchecked |",
-              "| --- | --- | --- | --- | --- |"]
+              headings, "| --- | --- | --- | --- | --- |"]
     for op in runs["native-checked"]["large"]:
         cells = [spread(runs[k]["large"][op]) for k in RUN_KEYS]
         lines.append(f"| {op} | " + " | ".join(cells) + " |")
     lines += ["", "<!-- plot: large_ops.png -->", "",
-              "**Fallback cost against its copies** (relu of 1M float32 elements, stage 9)", "",
+              f"**Fallback cost against its copies** (relu of 1M float32 elements, stage "
+              f"{FALLBACK})", "",
               "| mode | relu on CPU | relu through the fallback | overhead | copy to host | "
               "copy to device | overhead / copies |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for checked in (True, False):
@@ -261,15 +444,34 @@ def report(results: dict) -> str:
                      f"{f['to_host_s'] * 1e3:.2f} ms | {f['to_device_s'] * 1e3:.2f} ms | "
                      f"{f['overhead_over_copies']:.2f} ({min(f['ratios']):.2f}-"
                      f"{max(f['ratios']):.2f}) |")
-    lines += ["", "<!-- plot: fallback_copies.png -->", "", "**Targets**", "",
+    lines += ["", "<!-- plot: fallback_copies.png -->", "", *memory_section(results),
+              "**Targets** (benchmarks, never asserted)", "",
               "| target | checked | unchecked |", "| --- | --- | --- |"]
-    for name, key in [("native small op <= 1.3x CPU (worst of add, mul, sum)", "small"),
-                      ("native 1024x1024 matmul <= 1.03x CPU", "matmul"),
-                      ("fallback overhead <= the two copies + 10%", "fallback")]:
+    ratio = lambda t: f"{t['value']:.2f}x: {verdict(t['met'])}"  # noqa: E731
+    rows = [
+        (f"native (stage {NATIVE}) small op <= {TARGETS['small']}x CPU (worst of add, mul, sum)",
+         "small", ratio),
+        (f"native (stage {NATIVE}) Python loop `torch.ones(4, device=dev) + 1` <= "
+         f"{TARGETS['loop']}x CPU", "loop", ratio),
+        *[(f"native (stage {NATIVE}) {op} <= {TARGETS['large']}x CPU, highest round <= "
+           f"{TARGETS['large_spread']}x the lowest", op,
+           lambda t: f"{t['value']:.2f}x, {t['spread']:.2f}: {verdict(t['met'])}")
+          for op in ("add 1M", "mul 1M")],
+        (f"native (stage {NATIVE}) 1024x1024 matmul <= {TARGETS['matmul']}x CPU", "matmul",
+         ratio),
+        (f"fallback (stage {FALLBACK}) overhead <= the two copies + 10%", "fallback",
+         lambda t: f"{t['value']:.2f}: {verdict(t['met'])}"),
+        (f"native (stage {NATIVE}) `empty_cache()` leaves 0 bytes reserved after the "
+         "fragmentation test", "empty_cache",
+         lambda t: f"{t['value']} bytes: {verdict(t['met'])}"),
+        (f"native (stage {NATIVE}) fragmentation, peak / steady reserved (reported, no target)",
+         "peak_over_steady", lambda t: f"{t['value']:.2f}"),
+    ]
+    for name, key, show in rows:
         cells = []
         for checked in (True, False):
-            t = results["targets"][mode(checked)][key]
-            cells.append(f"{t['value']:.2f}: {verdict(t['met'])}")
+            t = results["targets"][mode(checked)].get(key)
+            cells.append(show(t) if t and t["value"] is not None else "not measured")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     b = results.get("build")
     if b:
@@ -279,14 +481,20 @@ def report(results: dict) -> str:
                   f"| nothing changed | {b['noop_s']:.1f} |",
                   f"| `native_kernels.cpp` touched (same content) | {b['touch_s']:.1f} |",
                   f"| a line added to `native_kernels.cpp` (chapter 10): "
-                  f"{b['edit_ch10_compiled']} object compiled, stage 10 relinked "
+                  f"{b['edit_ch10_compiled']} object(s) compiled, stages 10-{NATIVE} relinked "
                   f"| {b['edit_ch10_s']:.1f} |",
                   f"| a line added to `minimal_ops.cpp` (chapter 1): {b['edit_ch01_compiled']} "
-                  f"objects compiled (one per variant of the headers it includes), stages 1-10 "
-                  f"relinked | {b['edit_ch01_s']:.1f} |", "", "<!-- plot: builds.png -->"]
+                  f"objects compiled (one per variant of the headers it includes), stages "
+                  f"1-{NATIVE} relinked | {b['edit_ch01_s']:.1f} |", "",
+                  "<!-- plot: builds.png -->"]
     return "\n".join(lines) + "\n"
 
 
+STAGES = {"native": NATIVE, "previous": PREVIOUS, "fallback": FALLBACK}
+# Every configuration timed: (name, stage, modes). "previous" only in checked mode,
+# the mode where its allocator's cost shows.
+CONFIGS = [("native", NATIVE, (True, False)), ("previous", PREVIOUS, (True,)),
+           ("fallback", FALLBACK, (True, False))]
 RUN_KEYS = ["native-checked", "native-unchecked", "fallback-checked", "fallback-unchecked"]
 
 
@@ -298,26 +506,29 @@ def plots(results: dict, out: Path) -> list[str]:
 
     runs = results["runs"]
     colors = {"native-checked": "#1f77b4", "native-unchecked": "#9ecae1",
-              "fallback-checked": "#d62728", "fallback-unchecked": "#fc9272"}
+              "fallback-checked": "#d62728", "fallback-unchecked": "#fc9272",
+              "previous-checked": "#ff7f0e"}
     written = []
     for group, title, target, target_label in [
-            ("small", "Small ops (4 elements): acme time / CPU time", 1.3, "native target 1.3x"),
-            ("large", "Large ops: acme time / CPU time", 1.03, "matmul target 1.03x")]:
+            ("small", "Small ops (4 elements): acme time / CPU time", TARGETS["small"],
+             f"native target {TARGETS['small']}x"),
+            ("large", "Large ops: acme time / CPU time", TARGETS["matmul"],
+             f"matmul target {TARGETS['matmul']}x")]:
         ops = list(runs["native-checked"][group])
         fig, ax = plt.subplots(figsize=(8, 3.8))
         width = 0.2
         for i, key in enumerate(RUN_KEYS):
             values = [runs[key][group][op]["ratio"] for op in ops]
             ax.bar([j + (i - 1.5) * width for j in range(len(ops))], values, width,
-                   label=key.replace("-", ", "), color=colors[key])
+                   label=column(key), color=colors[key])
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.axhline(target, color="gray", linestyle="--", linewidth=0.8, label=target_label)
         ax.set_xticks(range(len(ops)), ops)
         ax.set_yscale("log")
         ax.set_ylabel("acme / CPU (log scale)")
         ax.set_title(title)
-        fig.legend(fontsize=7, ncol=5, loc="lower center")
-        fig.tight_layout(rect=(0, 0.08, 1, 1))
+        fig.legend(fontsize=7, ncol=3, loc="lower center")
+        fig.tight_layout(rect=(0, 0.12, 1, 1))
         name = f"{group}_ops.png"
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
@@ -337,12 +548,57 @@ def plots(results: dict, out: Path) -> list[str]:
             label="t.cpu() + x.to(acme) of the same 4 MiB")
     ax.set_yticks(list(positions), labels)
     ax.set_xlabel("milliseconds")
-    ax.set_title("Fallback cost against the two copies it implies")
+    ax.set_title(f"Fallback cost (stage {FALLBACK}) against the two copies it implies")
     fig.legend(fontsize=7, ncol=2, loc="lower center")
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(out / "fallback_copies.png", dpi=110)
     plt.close(fig)
     written.append("fallback_copies.png")
+
+    # What the caching allocator buys: stage PREVIOUS against stage NATIVE, checked.
+    rows = memory_rows(runs)
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    width = 0.38
+    for i, key in enumerate(["previous-checked", "native-checked"]):
+        values = [row[1 + i]["ratio"] for row in rows]
+        ax.bar([j + (i - 0.5) * width for j in range(len(rows))], values, width,
+               label=column(key), color=colors[key])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), [row[0].replace(" (4 elements)", "") for row in rows])
+    ax.set_yscale("log")
+    ax.set_ylabel("acme / CPU (log scale)")
+    ax.set_title(f"Stage {PREVIOUS} (plain allocator) against stage {NATIVE} (caching allocator)")
+    fig.legend(fontsize=7, ncol=2, loc="lower center")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(out / "memory_stages.png", dpi=110)
+    plt.close(fig)
+    written.append("memory_stages.png")
+
+    frags = [(key, runs[key]["fragmentation"])
+             for key in ("native-checked", "native-unchecked")
+             if runs.get(key, {}).get("fragmentation")]
+    if frags:
+        fig, ax = plt.subplots(figsize=(8, 3.4))
+        for key, frag in frags:
+            samples = frag["reserved_samples"]
+            cycles = [min(i * frag["sample_every"], frag["cycles"]) for i in range(len(samples))]
+            style = "-" if key.endswith("-checked") else ":"
+            ax.plot(cycles, [s / 2**20 for s in samples], style, color=colors[key],
+                    label=f"reserved, {column(key)}")
+        key, frag = frags[0]
+        samples = frag["allocated_samples"]
+        cycles = [min(i * frag["sample_every"], frag["cycles"]) for i in range(len(samples))]
+        ax.plot(cycles, [s / 2**20 for s in samples], color="#969696", linewidth=0.8,
+                label=f"allocated (live tensors), {column(key)}")
+        ax.set_xlabel("cycle")
+        ax.set_ylabel("MiB")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"Fragmentation test: reserved memory over {frag['cycles']:,} cycles")
+        fig.legend(fontsize=7, ncol=3, loc="lower center")
+        fig.tight_layout(rect=(0, 0.08, 1, 1))
+        fig.savefig(out / "fragmentation.png", dpi=110)
+        plt.close(fig)
+        written.append("fragmentation.png")
 
     b = results.get("build")
     if b:
@@ -366,11 +622,25 @@ def targets(runs: dict) -> dict:
         small = max(r["ratio"] for r in native["small"].values())
         matmul = native["large"]["matmul 1024x1024"]["ratio"]
         fallback = runs[f"fallback-{mode(checked)}"]["fallback"]["overhead_over_copies"]
+        loop = native["loop"]["ratio"]
         verdicts[mode(checked)] = {
             "small": {"value": small, "met": small <= TARGETS["small"]},
             "matmul": {"value": matmul, "met": matmul <= TARGETS["matmul"]},
             "fallback": {"value": fallback, "met": fallback <= TARGETS["fallback"]},
+            "loop": {"value": loop, "met": loop <= TARGETS["loop"]},
         }
+        for op in ("add 1M", "mul 1M"):
+            f = native["large"][op]
+            verdicts[mode(checked)][op] = {
+                "value": f["ratio"], "spread": f["spread"],
+                "met": f["ratio"] <= TARGETS["large"] and f["spread"] <= TARGETS["large_spread"]}
+        frag = native.get("fragmentation")
+        if frag:
+            left = frag["reserved_after_empty_cache"]
+            verdicts[mode(checked)]["empty_cache"] = {
+                "value": left, "met": left == TARGETS["reserved_after_empty_cache"]}
+            verdicts[mode(checked)]["peak_over_steady"] = {"value": frag["peak_over_steady"],
+                                                           "met": None}
     return verdicts
 
 
@@ -381,28 +651,38 @@ def main() -> None:
     parser.add_argument("--skip-build", action="store_true", help="no build figures")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--loop-number", type=int, default=LOOP_NUMBER["native"][0],
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--cycles", type=int, default=CYCLES[0], help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true",
-                        help="3 rounds, no build figures, labelled as a quick run (for the site)")
+                        help="3 rounds, fewer loop iterations and fragmentation cycles, no build "
+                             "figures, labelled as a quick run (for the site)")
     args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.rounds, args.loop_number, args.cycles)))
+        return
     if args.quick:
         args.rounds, args.skip_build = 3, True
-    if args.worker:
-        print(json.dumps(worker(args.rounds)))
-        return
+    pick = 1 if args.quick else 0
+    numbers = {"loop_native": LOOP_NUMBER["native"][pick],
+               "loop_other": LOOP_NUMBER["other"][pick], "cycles": CYCLES[pick]}
 
-    for stage in (NATIVE, FALLBACK):
-        if not (BUILD / "stages" / f"stage-{stage:02d}" / "src" / "torch_acme" / "_build_info.py").exists():
+    for _, stage, _ in CONFIGS:
+        if not (BUILD / "stages" / f"stage-{stage:02d}" / "src" / "torch_acme"
+                / "_build_info.py").exists():
             raise SystemExit(f"stage {stage} is not built in {BUILD}: run `nox -s bench`")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"machine": machine(), "rounds": args.rounds, "quick": args.quick,
-                     "load_before": load(),
+                     "stages": STAGES, "numbers": numbers, "load_before": load(),
                      "targets_wanted": TARGETS, "runs": {}}
-    for stage, path in [(NATIVE, "native"), (FALLBACK, "fallback")]:
-        for checked in (True, False):
+    for path, stage, modes in CONFIGS:
+        loop_number = numbers["loop_native"] if stage == NATIVE else numbers["loop_other"]
+        for checked in modes:
             key = f"{path}-{mode(checked)}"
             print(f"timing {key} (stage {stage})", flush=True)
-            results["runs"][key] = run_worker(stage, checked, args.rounds)
+            results["runs"][key] = run_worker(stage, checked, args.rounds, loop_number,
+                                              numbers["cycles"])
     results["targets"] = targets(results["runs"])
     if not args.skip_build:
         print("building every stage from scratch (several minutes)", flush=True)

@@ -1,5 +1,6 @@
-//@ ch01
+//@ ch01 < ch12
 // The device allocator: how PyTorch gets acme memory for every tensor storage.
+// Chapter 12 replaces it with a caching allocator (caching_allocator.cpp).
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 

@@ -5,6 +5,11 @@
 
 #include <ATen/Context.h>
 #include <torch/csrc/utils/device_lazy_init.h>
+//> ch12 memory-bindings-include
+#include <ATen/core/CachingHostAllocator.h>
+
+#include "aten/allocator.h"
+//< ch12 memory-bindings-include
 
 void acme_bind_device(pybind11::module_& m) {
   m.def(
@@ -20,4 +25,47 @@ void acme_bind_device(pybind11::module_& m) {
   m.def(
       "_is_in_bad_fork", [] { return torch::utils::is_device_in_bad_fork(at::kPrivateUse1); },
       "True in a child of fork() whose parent had initialized acme.");
+//> ch12 memory-bindings
+  m.def(
+      "_host_memory_stats",
+      [] {
+        // The figures PyTorch's caching host allocator keeps (chapter 12).
+        const at::HostStats s = at::getHostAllocator(at::kPrivateUse1)->get_stats();
+        pybind11::dict out;
+        auto put = [&](const char* name, const c10::CachingAllocator::Stat& stat) {
+          out[(std::string(name) + ".current").c_str()] = stat.current;
+          out[(std::string(name) + ".peak").c_str()] = stat.peak;
+          out[(std::string(name) + ".allocated").c_str()] = stat.allocated;
+          out[(std::string(name) + ".freed").c_str()] = stat.freed;
+        };
+        put("active_requests", s.active_requests);
+        put("active_bytes", s.active_bytes);
+        put("allocations", s.allocations);
+        put("allocated_bytes", s.allocated_bytes);
+        out["num_host_alloc"] = s.num_host_alloc;
+        out["num_host_free"] = s.num_host_free;
+        return out;
+      },
+      "Statistics of acme's pinned host memory cache.");
+  m.def(
+      "_memory_snapshot",
+      [](int device) {
+        const char* states[] = {"active_allocated", "active_pending_free", "inactive"};
+        pybind11::list segments;
+        for (const acme::SegmentSnapshot& s : acme::memory_snapshot(device)) {
+          pybind11::list blocks;
+          for (const acme::BlockSnapshot& b : s.blocks)
+            blocks.append(pybind11::dict(pybind11::arg("address") = b.address,
+                                         pybind11::arg("size") = b.size,
+                                         pybind11::arg("state") = states[int(b.state)]));
+          segments.append(pybind11::dict(
+              pybind11::arg("device") = device, pybind11::arg("address") = s.address,
+              pybind11::arg("total_size") = s.size,
+              pybind11::arg("segment_type") = s.small ? "small" : "large",
+              pybind11::arg("stream") = s.stream, pybind11::arg("blocks") = blocks));
+        }
+        return segments;
+      },
+      pybind11::arg("device"), "The caching allocator's segments and blocks on a device.");
+//< ch12 memory-bindings
 }

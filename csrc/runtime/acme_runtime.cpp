@@ -174,6 +174,10 @@ acmeError_t initialize() {
                 "method (multiprocessing.set_start_method('spawn'))");
   if (config().device_count == 0)
     return fail(acmeErrorNoDevice, "no acme device is present (ACME_DEVICE_COUNT=0)");
+  // Every call passes here: a flag keeps it to one load once done (call_once
+  // alone costs tens of nanoseconds per call).
+  static std::atomic<bool> done{false};
+  if (done.load(std::memory_order_acquire)) return acmeSuccess;
   static std::once_flag once;
   std::call_once(once, [] {
     // The registry's lock is held across fork(), so the child never inherits
@@ -183,6 +187,7 @@ acmeError_t initialize() {
       forked_child.store(true, std::memory_order_relaxed);
     });
   });
+  done.store(true, std::memory_order_release);
   return acmeSuccess;
 }
 

@@ -361,3 +361,106 @@ def get_device_capability(device=None) -> tuple[int, int]:
     properties = get_device_properties(device)
     return properties.major, properties.minor
 #< ch11 properties
+#> ch12 memory
+
+
+# ---- memory (chapter 12) ----
+# The figures come from the caching allocator (csrc/aten/caching_allocator.cpp)
+# through torch.accelerator, which reads any c10::DeviceAllocator: these only
+# give them torch.cuda's names and accept a device the way torch.cuda does.
+import torch
+
+
+def memory_stats(device=None) -> dict:
+    """The caching allocator's statistics for `device`, flattened as torch.cuda's."""
+    return dict(torch.accelerator.memory_stats(_index_or_current(device)))
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes held by live tensors on `device` (block sizes, so rounded up to 512)."""
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None) -> int:
+    """The peak of memory_allocated() since start or reset_peak_memory_stats()."""
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes the allocator holds from the runtime: in use plus cached."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None) -> int:
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    torch.accelerator.reset_peak_memory_stats(_index_or_current(device))
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    torch.accelerator.reset_accumulated_memory_stats(_index_or_current(device))
+
+
+def empty_cache() -> None:
+    """Returns every cached, unused segment of every device to the runtime."""
+    torch.accelerator.empty_cache()
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of `device`, as the runtime counts them."""
+    return torch.accelerator.get_memory_info(_index_or_current(device))
+
+
+def host_memory_stats() -> dict:
+    """Statistics of the pinned host memory cache (PyTorch's CachingHostAllocator)."""
+    return _C._host_memory_stats()
+
+
+def memory_snapshot(device=None) -> list:
+    """The allocator's segments on `device` and their blocks, in torch.cuda.memory_snapshot's
+    shape: dicts with address, total_size, segment_type, stream and blocks (address,
+    size, state)."""
+    return _C._memory_snapshot(_index_or_current(device))
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A table of the allocator's statistics, in the spirit of torch.cuda.memory_summary."""
+    stats = memory_stats(device)
+    index = _index_or_current(device)
+
+    def size(n: int) -> str:
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if abs(n) < 1024 or unit == "GiB":
+                return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            n /= 1024
+
+    rows = [("Allocated memory", "allocated_bytes", size),
+            ("Requested memory", "requested_bytes", size),
+            ("Reserved memory", "reserved_bytes", size),
+            ("Cached, split blocks", "inactive_split_bytes", size),
+            ("Allocations", "allocation", str),
+            ("Reserved segments", "segment", str)]
+    line = "+" + "-" * 74 + "+"
+    out = [line, f"| {f'acme memory summary, device {index}':^72} |", line,
+           f"| {'metric':<24}|{'current':>11} |{'peak':>11} |{'allocated':>11} |{'freed':>10} |",
+           line]
+    for title, key, fmt in rows:
+        for pool, label in [("all", title), ("large_pool", "  from the large pool"),
+                            ("small_pool", "  from the small pool")]:
+            if abbreviated and pool != "all":
+                continue
+            cells = [fmt(stats[f"{key}.{pool}.{kind}"])
+                     for kind in ("current", "peak", "allocated", "freed")]
+            out.append(f"| {label:<24}|{cells[0]:>11} |{cells[1]:>11} |{cells[2]:>11} |"
+                       f"{cells[3]:>10} |")
+        out.append(line)
+    for text in (f"segments taken from the runtime: {stats['num_device_alloc']}, "
+                 f"returned: {stats['num_device_free']}",
+                 f"retries after emptying the cache: {stats['num_alloc_retries']}, "
+                 f"out-of-memory errors: {stats['num_ooms']}"):
+        out.append(f"| {text:<72} |")
+    out.append(line)
+    return "\n".join(out)
+#< ch12 memory

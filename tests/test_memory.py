@@ -1,0 +1,349 @@
+"""Chapter 12: the caching device allocator, its statistics, out-of-memory and pinned memory.
+
+What torch.cuda users rely on: allocated/reserved accounting, block reuse per
+stream, record_stream, peak and accumulated resets, empty_cache, OOM recovery,
+pinned host memory through PyTorch's caching host allocator, and checked mode
+still catching host access to cached memory. Tests that need a small device, a
+fault or a fresh allocator run in processes of their own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import random
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+import torch_acme
+from conftest import LAST, run_in_stage
+from torch_acme import runtime
+
+pytestmark = pytest.mark.skipif(importlib.import_module("torch_acme._build_info").STAGE < 12,
+                                reason="chapter 12's allocator is not in this stage")
+
+KiB, MiB = 1024, 1024 * 1024
+
+
+def run_json(code: str, **env: str):
+    """Run `code` in a fresh stage process; it prints one JSON line last."""
+    proc = run_in_stage(LAST, textwrap.dedent(code), **env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.fixture(autouse=True)
+def empty_cache_first():
+    # Each test starts from an allocator holding nothing but what other
+    # modules' fixtures keep alive.
+    torch.acme.empty_cache()
+    yield
+
+
+# ---- accounting ----
+
+def test_allocated_and_reserved_follow_tensors():
+    base_alloc = torch.acme.memory_allocated()
+    base_reserved = torch.acme.memory_reserved()
+    t = torch.empty(1000, device="acme")  # 4000 bytes, rounded up to 4096
+    assert torch.acme.memory_allocated() - base_alloc == 4096
+    assert torch.acme.memory_reserved() - base_reserved == 2 * MiB  # one small segment
+    assert torch.acme.memory_stats()["requested_bytes.all.current"] >= 4000
+    del t
+    assert torch.acme.memory_allocated() == base_alloc
+    assert torch.acme.memory_reserved() - base_reserved == 2 * MiB  # kept in the cache
+    torch.acme.empty_cache()
+    assert torch.acme.memory_reserved() == base_reserved
+
+
+def test_torch_accelerator_reads_the_same_allocator():
+    t = torch.empty(3 * MiB, dtype=torch.uint8, device="acme")
+    assert torch.accelerator.memory_allocated() == torch.acme.memory_allocated()
+    assert torch.accelerator.memory_reserved() == torch.acme.memory_reserved()
+    assert torch.accelerator.memory_stats()["segment.large_pool.current"] == 1
+    assert torch.accelerator.get_memory_info() == torch.acme.mem_get_info()
+    free, total = torch.acme.mem_get_info()
+    assert total == runtime.device_properties(0)["total_memory"]
+    assert total - free >= 20 * MiB  # the 20 MiB segment the 3 MiB block came from
+    del t
+
+
+def test_a_freed_block_is_reused_and_small_blocks_share_a_segment():
+    a = torch.empty(256, device="acme")
+    address = a.data_ptr()
+    del a
+    b = torch.empty(256, device="acme")
+    assert b.data_ptr() == address
+    others = [torch.empty(100, device="acme") for _ in range(10)]
+    stats = torch.acme.memory_stats()
+    assert stats["segment.small_pool.current"] == 1  # eleven blocks, one 2 MiB segment
+    assert stats["allocation.small_pool.current"] == 11
+    del b, others
+    stats = torch.acme.memory_stats()
+    # Freed neighbours merged back into one whole segment, which empty_cache returns.
+    assert stats["inactive_split.all.current"] == 0
+    torch.acme.empty_cache()
+    assert torch.acme.memory_stats()["segment.all.current"] == 0
+
+
+def test_large_blocks_split_and_merge():
+    a = torch.empty(2 * MiB, dtype=torch.uint8, device="acme")
+    b = torch.empty(3 * MiB, dtype=torch.uint8, device="acme")
+    assert b.data_ptr() - a.data_ptr() == 2 * MiB  # carved from one 20 MiB segment
+    stats = torch.acme.memory_stats()
+    assert stats["segment.large_pool.current"] == 1
+    assert stats["inactive_split_bytes.large_pool.current"] == 15 * MiB
+    del a
+    stats = torch.acme.memory_stats()
+    assert stats["inactive_split_bytes.large_pool.current"] == 17 * MiB
+    del b
+    assert torch.acme.memory_stats()["inactive_split_bytes.large_pool.current"] == 0
+    big = torch.empty(25 * MiB, dtype=torch.uint8, device="acme")  # a segment of its own
+    assert torch.acme.memory_stats()["reserved_bytes.large_pool.current"] == 46 * MiB
+    del big
+
+
+def test_peak_and_accumulated_resets():
+    t = torch.empty(4 * MiB, dtype=torch.uint8, device="acme")
+    del t
+    assert torch.acme.max_memory_allocated() >= 4 * MiB
+    torch.acme.reset_peak_memory_stats()
+    assert torch.acme.max_memory_allocated() == torch.acme.memory_allocated()
+    assert torch.acme.max_memory_reserved() == torch.acme.memory_reserved()
+    assert torch.acme.memory_stats()["allocation.all.allocated"] > 0
+    torch.acme.reset_accumulated_memory_stats()
+    stats = torch.acme.memory_stats()
+    assert stats["allocation.all.allocated"] == 0 and stats["allocation.all.freed"] == 0
+    assert stats["num_device_alloc"] == 0
+
+
+def test_devices_are_counted_apart():
+    before = [torch.acme.memory_allocated(d) for d in (0, 1)]
+    t = torch.empty(1 * MiB, dtype=torch.uint8, device="acme:1")
+    assert torch.acme.memory_allocated(1) - before[1] == 1 * MiB
+    assert torch.acme.memory_allocated("acme:1") == torch.acme.memory_allocated(1)
+    assert torch.acme.memory_allocated(torch.device("acme", 0)) == before[0]
+    with torch.acme.device(1):
+        assert torch.acme.memory_allocated() == torch.acme.memory_allocated(1)
+    del t
+
+
+def test_bad_device_index_is_a_value_error():
+    for call in (torch.acme.memory_allocated, torch.acme.memory_stats, torch.acme.mem_get_info,
+                 torch.acme.reset_peak_memory_stats):
+        with pytest.raises(ValueError, match="invalid device index 7: there are 2 acme devices"):
+            call(7)
+
+
+def test_memory_summary_names_the_figures():
+    t = torch.empty(1000, device="acme")
+    summary = torch.acme.memory_summary()
+    lines = summary.splitlines()
+    assert max(len(line) for line in lines) <= 88
+    row = next(line for line in lines if line.startswith("| Allocated memory"))
+    assert "4.0 KiB" in row
+    assert len(torch.acme.memory_summary(abbreviated=True).splitlines()) < len(lines)
+    del t
+
+
+# ---- streams ----
+
+def test_blocks_are_reused_on_their_own_stream_only():
+    side = torch.Stream(device="acme:0")
+    with torch.acme.stream(side):
+        a = torch.empty(256, device="acme")
+    address = a.data_ptr()
+    del a
+    b = torch.empty(256, device="acme")  # the default stream: another block
+    assert b.data_ptr() != address
+    with torch.acme.stream(side):
+        c = torch.empty(256, device="acme")
+    assert c.data_ptr() == address
+    del b, c
+
+
+def test_record_stream_holds_a_block_until_that_stream_passes_the_free():
+    side = torch.Stream(device="acme:0")
+    a = torch.empty(256, device="acme")
+    address = a.data_ptr()
+    runtime.sleep_kernel(side.stream_id, 300_000)  # the side stream is busy for 0.3 s
+    a.record_stream(side)
+    del a
+    b = torch.empty(256, device="acme")
+    assert b.data_ptr() != address  # still "in use" by the side stream
+    assert torch.acme.memory_stats()["active.all.current"] >= 2
+    side.synchronize()
+    c = torch.empty(256, device="acme")
+    assert c.data_ptr() == address
+    del b, c
+
+
+def test_empty_cache_waits_for_recorded_streams():
+    side = torch.Stream(device="acme:0")
+    a = torch.empty(256, device="acme")
+    runtime.sleep_kernel(side.stream_id, 100_000)
+    a.record_stream(side)
+    del a
+    torch.acme.empty_cache()
+    stats = torch.acme.memory_stats()
+    assert stats["segment.all.current"] == 0
+    assert stats["num_sync_all_streams"] >= 1
+
+
+def test_record_stream_of_another_device_is_refused():
+    t = torch.empty(4, device="acme:0")
+    with pytest.raises(RuntimeError, match="the stream is on acme:1 but the memory is on acme:0"):
+        t.record_stream(torch.Stream(device="acme:1"))
+    del t
+
+
+# ---- out of memory ----
+
+def test_out_of_memory_empties_the_cache_and_retries_then_raises():
+    out = run_json("""
+        import json, torch, torch_acme
+        MiB = 1 << 20
+        # Fill the 64 MiB device with cached, unused segments.
+        blocks = [torch.empty(20 * MiB, dtype=torch.uint8, device="acme") for _ in range(3)]
+        del blocks
+        cached = torch.acme.memory_reserved()
+        big = torch.empty(40 * MiB, dtype=torch.uint8, device="acme")  # fits only after a flush
+        stats = torch.acme.memory_stats()
+        after_retry = [cached, stats["num_alloc_retries"], stats["num_ooms"],
+                       torch.acme.memory_reserved()]
+        try:
+            torch.empty(40 * MiB, dtype=torch.uint8, device="acme")
+            message = None
+        except torch.OutOfMemoryError as e:
+            message = str(e).splitlines()[0]
+        stats = torch.acme.memory_stats()
+        del big
+        usable = torch.ones(3, device="acme").sum().item()
+        print(json.dumps([after_retry, message, stats["num_alloc_retries"], stats["num_ooms"],
+                          usable]))
+    """, ACME_DEVICE_MEMORY="64M")
+    after_retry, message, retries, ooms, usable = out
+    assert after_retry == [60 * 1024 * 1024, 1, 0, 40 * 1024 * 1024]
+    assert message.startswith("acme out of memory. Tried to allocate 40.00 MiB. Device 0 has a "
+                              "total capacity of 64.00 MiB of which 24.00 MiB is free. Of the "
+                              "memory in use, 40.00 MiB is allocated by PyTorch, and 0 bytes is "
+                              "reserved by PyTorch but unallocated"), message
+    assert (retries, ooms, usable) == (2, 1, 3.0)
+
+
+def test_a_device_smaller_than_a_segment_still_serves_small_tensors():
+    out = run_json("""
+        import json, torch, torch_acme
+        kept = [torch.ones(64 * 1024, device="acme") for _ in range(3)]  # 3 x 256 KiB
+        reserved = torch.acme.memory_reserved()
+        print(json.dumps([t.sum().item() for t in kept] + [reserved]))
+    """, ACME_DEVICE_MEMORY="1M")
+    assert out == [65536.0] * 3 + [3 * 256 * 1024]
+
+
+# ---- pinned host memory ----
+
+def test_pinned_memory_is_cached_by_pytorchs_host_allocator():
+    torch.accelerator.empty_host_cache()
+    before = torch.acme.host_memory_stats()["num_host_alloc"]
+    a = torch.ones(1000).pin_memory()
+    assert a.is_pinned() and not torch.ones(1000).is_pinned()
+    del a
+    b = torch.empty(1000, pin_memory=True)  # same power-of-two size: the cached block
+    assert b.is_pinned()
+    assert torch.acme.host_memory_stats()["num_host_alloc"] - before == 1
+    del b
+    torch.accelerator.empty_host_cache()
+    assert torch.acme.host_memory_stats()["allocated_bytes.current"] == 0
+
+
+def test_non_blocking_copies_both_ways():
+    x = torch.randn(1000).pin_memory()
+    d = x.to("acme", non_blocking=True)
+    back = d.to("cpu", non_blocking=True)
+    torch.acme.synchronize()
+    assert back.is_pinned()  # a non-blocking copy to the CPU lands in pinned memory
+    assert torch.equal(back, x)
+    del d
+
+
+def test_data_loader_pins_batches_that_train_on_the_device():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(64, 8, generator=generator), torch.randn(64, 1, generator=generator))
+    model = torch.nn.Linear(8, 1).to("acme")
+    reference = torch.nn.Linear(8, 1)
+    reference.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    for x, y in DataLoader(data, batch_size=16, pin_memory=True):
+        assert x.is_pinned() and y.is_pinned()
+        for m, opt, dev in ((model, optimizers[0], "acme"), (reference, optimizers[1], "cpu")):
+            loss = torch.nn.functional.mse_loss(m(x.to(dev, non_blocking=True)),
+                                                y.to(dev, non_blocking=True))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    torch.testing.assert_close(model.weight.cpu(), reference.weight)
+    del model, optimizers
+
+
+# ---- robustness ----
+
+def test_mixed_sizes_from_threads_leave_nothing_allocated():
+    before = torch.acme.memory_allocated()
+    errors = []
+
+    def work(seed):
+        rng = random.Random(seed)
+        try:
+            live = []
+            for _ in range(2000):
+                if live and rng.random() < 0.5:
+                    live.pop(rng.randrange(len(live)))
+                else:
+                    live.append(torch.empty(rng.choice([1, 100, 5000, 300_000, 1_500_000]),
+                                            dtype=torch.uint8, device=f"acme:{seed % 2}"))
+        except Exception as e:  # reported below, on the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert torch.acme.memory_allocated() == before
+    assert torch.acme.memory_allocated(1) == 0
+    torch.acme.empty_cache()
+    assert torch.acme.memory_reserved(1) == 0
+
+
+@pytest.mark.parametrize("freed", [False, True], ids=["live", "cached"])
+def test_checked_mode_still_faults_on_host_access(freed):
+    code = f"""
+        import ctypes, torch, torch_acme
+        t = torch.arange(8.0, device="acme")
+        address = t.data_ptr()
+        if {freed}:
+            del t  # back in the cache: still device memory
+        print("reading", flush=True)
+        ctypes.c_float.from_address(address).value
+        print("survived", flush=True)
+    """
+    proc = run_in_stage(LAST, textwrap.dedent(code))
+    assert proc.returncode != 0 and "survived" not in proc.stdout
+    assert "acme: the host touched device memory at" in proc.stderr
+    assert "(2097152 bytes, device 0)" in proc.stderr  # the segment holding the block
+
+
+def test_cache_makes_checked_allocation_cheap():
+    # Not a timing assert: the runtime is asked for memory once, not per tensor.
+    torch.acme.reset_accumulated_memory_stats()
+    for _ in range(1000):
+        torch.ones(4, device="acme").add_(1)
+    assert torch.acme.memory_stats()["num_device_alloc"] <= 1
