@@ -347,3 +347,23 @@ def test_cache_makes_checked_allocation_cheap():
     for _ in range(1000):
         torch.ones(4, device="acme").add_(1)
     assert torch.acme.memory_stats()["num_device_alloc"] <= 1
+
+
+def test_poison_mode_shows_reads_of_memory_nobody_wrote():
+    code = """
+        import json, torch, torch_acme
+        from torch_acme import runtime
+        t = torch.ones(256, device="acme")
+        del t
+        recycled = torch.empty(256, device="acme").cpu()  # the same block, unwritten
+        ptr = runtime.malloc(8)
+        raw = runtime.copy_to_host(ptr, 8)
+        runtime.free(ptr)
+        print(json.dumps([runtime.checked_mode(), recycled[:2].tolist(), raw.hex()]))
+    """
+    plain = run_json(code)
+    poisoned = run_json(code, ACME_CHECKED="2")
+    # Checked mode alone hands the last tensor's values on, and fresh pages are zero.
+    assert plain == [True, [1.0, 1.0], "00" * 8]
+    assert poisoned[0] is True and poisoned[2] == "ff" * 8
+    assert all(v != v for v in poisoned[1])  # NaN

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <deque>
 #include <memory>
@@ -148,6 +149,9 @@ class DeviceCache {
     }
     block->allocated = true;
     block->requested = size;
+    // ACME_CHECKED=2: a recycled block holds its last tensor's values, which
+    // torch.empty would hand on silently; poisoned, they read as NaN.
+    if (poison_) ACME_CHECK(acmeMemset(block->ptr, 0xff, block->size));
     count(stats_.allocation, small, 1);
     count(stats_.allocated_bytes, small, static_cast<int64_t>(block->size));
     count(stats_.requested_bytes, small, static_cast<int64_t>(size));
@@ -391,6 +395,7 @@ class DeviceCache {
   }
 
   const c10::DeviceIndex device_;
+  const bool poison_ = acmeCheckedMode() == 2;
   std::mutex mutex_;
   Pool small_, large_;
   std::unordered_set<Block*> segments_;  // the first block of each segment
@@ -421,10 +426,8 @@ class CachingAllocator final : public c10::DeviceAllocator {
   bool initialized() override { return true; }
 
   void emptyCache(c10::MempoolId_t) override {
-    int count = 0;
-    if (acmeGetDeviceCount(&count) != acmeSuccess) return;
-    for (int d = 0; d < count; ++d)
-      if (caches_[d]) caches_[d]->empty_cache();
+    for (auto& cache : caches_)
+      if (DeviceCache* c = cache.load(std::memory_order_acquire)) c->empty_cache();
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
@@ -476,12 +479,14 @@ class CachingAllocator final : public c10::DeviceAllocator {
   }
 
   DeviceCache& cache(c10::DeviceIndex device) {
-    std::call_once(created_[device], [&] { caches_[device] = new DeviceCache(device); });
-    return *caches_[device];
+    std::call_once(created_[device], [&] {
+      caches_[device].store(new DeviceCache(device), std::memory_order_release);
+    });
+    return *caches_[device].load(std::memory_order_relaxed);
   }
 
   // Never destroyed: tensors may be freed during static destruction.
-  std::array<DeviceCache*, kMaxDevices> caches_{};
+  std::array<std::atomic<DeviceCache*>, kMaxDevices> caches_{};
   std::array<std::once_flag, kMaxDevices> created_;
 };
 

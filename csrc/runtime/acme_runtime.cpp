@@ -72,6 +72,9 @@ struct Config {
   int device_count = 2;
   size_t capacity = size_t{16} << 30;
   bool checked = true;
+//> ch12 poison-config
+  bool poison = false;  // ACME_CHECKED=2: new memory is filled with 0xff bytes
+//< ch12 poison-config
 };
 
 // Digits with an optional K/M/G/T suffix (powers of 1024), optionally followed
@@ -138,12 +141,24 @@ Config load_config() {
   if (const char* text = std::getenv("ACME_CHECKED")) {
     if (std::strcmp(text, "0") == 0) {
       c.checked = false;
+//> ch00 checked-values < ch12 checked-values
+//     } else if (std::strcmp(text, "1") != 0) {
+//       c.status = acmeErrorInitialization;
+//       std::snprintf(c.message, sizeof c.message,
+//                     "ACME_CHECKED=\"%s\" is invalid: it must be 1 (checked device memory, the "
+//                     "default) or 0 (plain host memory)",
+//                     text);
+//< ch00 checked-values
+//> ch12 checked-values
+    } else if (std::strcmp(text, "2") == 0) {
+      c.poison = true;
     } else if (std::strcmp(text, "1") != 0) {
       c.status = acmeErrorInitialization;
       std::snprintf(c.message, sizeof c.message,
                     "ACME_CHECKED=\"%s\" is invalid: it must be 1 (checked device memory, the "
-                    "default) or 0 (plain host memory)",
+                    "default), 2 (checked, and new memory poisoned) or 0 (plain host memory)",
                     text);
+//< ch12 checked-values
     }
   }
   return c;
@@ -485,7 +500,12 @@ acmeError_t acmeGetDevice(int* device) {
 // acmeError_t acmeDeviceSynchronize(void) { return enter(); }
 //
 //< ch00 device-sync
-int acmeCheckedMode(void) { return config().checked ? 1 : 0; }
+//> ch00 checked-mode < ch12 checked-mode
+// int acmeCheckedMode(void) { return config().checked ? 1 : 0; }
+//< ch00 checked-mode
+//> ch12 checked-mode
+int acmeCheckedMode(void) { return config().poison ? 2 : config().checked ? 1 : 0; }
+//< ch12 checked-mode
 
 acmeError_t acmeMallocOnDevice(void** devPtr, size_t size, int device) {
   if (acmeError_t e = enter()) return e;
@@ -551,6 +571,11 @@ acmeError_t acmeMallocOnDevice(void** devPtr, size_t size, int device) {
     a->view = static_cast<char*>(p);
     a->span = size;
   }
+//> ch12 poison-new
+  // Reading memory nobody wrote is a bug that zeroed pages hide: 0xff bytes
+  // read as NaN in every floating-point type and as -1 in signed integers.
+  if (c.poison) std::memset(a->view, 0xff, size);
+//< ch12 poison-new
 
   {
     std::lock_guard<std::mutex> lock(r.mutex);

@@ -19,6 +19,12 @@
  *   ACME_CHECKED        1 (default): the host cannot touch device memory, and a
  *                       host access faults with a report on stderr; 0: device
  *                       memory is plain host memory (fast path for benchmarks)
+//> ch12 poison-doc
+ *                       2: as 1, and every new allocation is filled with 0xff
+ *                       bytes (NaN as floats), so reads of memory nobody wrote
+ *                       show; acmeCheckedMode() returns 2 so the layers above
+ *                       can poison memory they recycle too
+//< ch12 poison-doc
  * A malformed value makes every call fail with acmeErrorInitialization.
  */
 #ifndef ACME_RUNTIME_H_
@@ -93,7 +99,13 @@ ACME_API acmeError_t acmeGetDevice(int* device);
  * default stream included, has completed. */
 //< ch06 device-sync-doc
 ACME_API acmeError_t acmeDeviceSynchronize(void);
-/* 1 if checked mode is on (the default), 0 if ACME_CHECKED=0. */
+//> ch00 checked-mode-doc < ch12 checked-mode-doc
+// /* 1 if checked mode is on (the default), 0 if ACME_CHECKED=0. */
+//< ch00 checked-mode-doc
+//> ch12 checked-mode-doc
+/* 1 if checked mode is on (the default), 2 if it also poisons new memory
+ * (ACME_CHECKED=2), 0 if ACME_CHECKED=0. */
+//< ch12 checked-mode-doc
 ACME_API int acmeCheckedMode(void);
 
 /* ---- memory ---- */
