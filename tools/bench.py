@@ -515,6 +515,12 @@ def plots(results: dict, out: Path) -> list[str]:
               "fallback-checked": "#d62728", "fallback-unchecked": "#fc9272",
               "previous-checked": "#ff7f0e"}
     written = []
+
+    def save(fig, name: str) -> None:
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        written.append(name)
+
     for group, title, target, target_label in [
             ("small", "Small ops (4 elements): acme time / CPU time", TARGETS["small"],
              f"native target {TARGETS['small']}x"),
@@ -536,9 +542,7 @@ def plots(results: dict, out: Path) -> list[str]:
         fig.legend(fontsize=7, ncol=3, loc="lower center")
         fig.tight_layout(rect=(0, 0.12, 1, 1))
         name = f"{group}_ops.png"
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        written.append(name)
+        save(fig, name)
 
     fig, ax = plt.subplots(figsize=(8, 3.2))
     labels, overheads, copies = [], [], []
@@ -557,9 +561,7 @@ def plots(results: dict, out: Path) -> list[str]:
     ax.set_title(f"Fallback cost (stage {FALLBACK}) against the two copies it implies")
     fig.legend(fontsize=7, ncol=2, loc="lower center")
     fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.savefig(out / "fallback_copies.png", dpi=110)
-    plt.close(fig)
-    written.append("fallback_copies.png")
+    save(fig, "fallback_copies.png")
 
     # What the caching allocator buys: stage PREVIOUS against stage NATIVE, checked.
     rows = memory_rows(runs)
@@ -576,9 +578,7 @@ def plots(results: dict, out: Path) -> list[str]:
     ax.set_title(f"Stage {PREVIOUS} (plain allocator) against stage {NATIVE} (caching allocator)")
     fig.legend(fontsize=7, ncol=2, loc="lower center")
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(out / "memory_stages.png", dpi=110)
-    plt.close(fig)
-    written.append("memory_stages.png")
+    save(fig, "memory_stages.png")
 
     frags = [(key, runs[key]["fragmentation"])
              for key in ("native-checked", "native-unchecked")
@@ -602,9 +602,7 @@ def plots(results: dict, out: Path) -> list[str]:
         ax.set_title(f"Fragmentation test: reserved memory over {frag['cycles']:,} cycles")
         fig.legend(fontsize=7, ncol=3, loc="lower center")
         fig.tight_layout(rect=(0, 0.08, 1, 1))
-        fig.savefig(out / "fragmentation.png", dpi=110)
-        plt.close(fig)
-        written.append("fragmentation.png")
+        save(fig, "fragmentation.png")
 
     b = results.get("build")
     if b:
@@ -615,9 +613,7 @@ def plots(results: dict, out: Path) -> list[str]:
         ax.set_xlabel("seconds")
         ax.set_title("Building every stage")
         fig.tight_layout()
-        fig.savefig(out / "builds.png", dpi=110)
-        plt.close(fig)
-        written.append("builds.png")
+        save(fig, "builds.png")
     return written
 
 
