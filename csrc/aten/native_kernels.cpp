@@ -58,6 +58,7 @@
 #include <ATen/ops/sub_native.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/sum_meta.h>
+#include <ATen/ops/sum_native.h>
 #include <ATen/ops/zero_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
@@ -437,13 +438,14 @@ struct LogSoftmax : at::meta::structured__log_softmax {
 // Reductions too. (sum_stub cannot be borrowed: the CPU's parallel reduction
 // allocates its per-thread partials like its output, on acme, and writes them
 // through raw pointers.) On views, those partials are host scratch memory.
-struct Sum : at::meta::structured_sum_dim_IntList {
+struct Sum : at::native::structured_sum_out {
   static constexpr const char* name = "aten::sum";
   void impl(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
             std::optional<at::ScalarType> dtype, const at::Tensor& out) {
     DeviceViews view;
-    at::Tensor result = view(out);
-    at::sum_out(result, view(self), dim, keepdim, dtype);
+    // The CPU's own impl, without at::sum_out's dispatch and second meta:
+    // acme's meta has already checked the arguments and sized `out`.
+    at::native::structured_sum_out::impl(view(self), dim, keepdim, dtype, view(out));
   }
 };
 //< ch10 reductions
