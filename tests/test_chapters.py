@@ -10,7 +10,7 @@ import pytest
 from nbclient.exceptions import CellExecutionError
 
 from conftest import BUILD, CHAPTERS, ROOT, stage_dir
-from tools import chapter_runs
+from tools import chapter_runs, chapter_support
 
 
 def chapters_upto(config) -> list[dict]:
@@ -58,6 +58,21 @@ def test_chapter_runs_against_its_stage(chapter):
                 assert path not in text, (
                     f"{chapter_runs.source(chapter).name}: an output shows {path}:\n{text[:2000]}"
                     f"\nin the output of:\n{cell.source}")
+
+    # ... and no line wider than the text column (chapter_support folds printed
+    # lines; a display or a traceback must fit by itself).
+    for cell in notebook.cells:
+        if {"remove-output", "remove-cell"} & set(cell.get("metadata", {}).get("tags", [])):
+            continue
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if {"text/html", "text/markdown", "image/png"} & set(data):
+                continue  # rendered (a table, a picture), not shown as lines of text
+            wide = [line for line in output_text(output).splitlines()
+                    if len(line) > chapter_support.OUTPUT_WIDTH]
+            assert not wide, (f"{chapter_runs.source(chapter).name}: output lines wider than "
+                              f"{chapter_support.OUTPUT_WIDTH} characters:\n" + "\n".join(wide)
+                              + f"\nin the output of:\n{cell.source}")
 
     assert any(c.cell_type == "code" for c in notebook.cells), \
         "a chapter without code cells tests nothing"

@@ -48,14 +48,44 @@ def clean(text: str) -> str:
     return text
 
 
+def wrap(text: str) -> str:
+    """`text` with every line longer than OUTPUT_WIDTH folded, its continuations indented."""
+    lines = text.split("\n")
+    if all(len(line) <= OUTPUT_WIDTH for line in lines):
+        return text
+    folded = []
+    for line in lines:
+        if len(line) <= OUTPUT_WIDTH:
+            folded.append(line)
+            continue
+        indent = line[:len(line) - len(line.lstrip())]
+        folded += textwrap.wrap(line, OUTPUT_WIDTH, subsequent_indent=indent + "    ",
+                                break_on_hyphens=False) or [line[:OUTPUT_WIDTH]]
+    return "\n".join(folded)
+
+
 class _CleanStream:
-    """The kernel's stdout or stderr, writing clean() text."""
+    """The kernel's stdout or stderr, writing clean() text that fits the column.
+
+    Whole lines only: print() writes its pieces one call at a time, and a line
+    can be folded only once it is complete (the rest goes out on flush()).
+    """
 
     def __init__(self, stream):
         self._stream = stream
+        self._partial = ""
 
     def write(self, text):
-        return self._stream.write(clean(text))
+        complete, newline, self._partial = (self._partial + text).rpartition("\n")
+        if newline:
+            self._stream.write(wrap(clean(complete)) + "\n")
+        return len(text)
+
+    def flush(self):
+        if self._partial:
+            self._stream.write(wrap(clean(self._partial)))
+            self._partial = ""
+        return self._stream.flush()
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
