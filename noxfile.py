@@ -76,7 +76,7 @@ def site(session: nox.Session) -> None:
     """Build every stage, then the site into _build/html (chapters run only if their last run is stale)."""
     environment(session)
     build(session)
-    # The benchmark page shows measured figures: a quick run (about a minute) when
+    # The benchmark page shows measured figures: a quick run (about 40 s) when
     # `nox -s bench` has not written fuller ones.
     if not (ROOT / "_build" / "bench" / "results.json").exists():
         run(session, "tools/bench.py", "--quick")

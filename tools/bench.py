@@ -29,7 +29,7 @@ results.md (the tables docs/bench.md shows) and the plots as PNG files.
 
 Usage: python tools/bench.py [--out DIR] [--rounds N] [--skip-build] [--quick]
 (`nox -s bench` builds every stage, then runs this. --quick: 3 rounds, at most
-20,000 loop iterations, 20,000 fragmentation cycles, no build figures.)
+10,000 loop iterations, 10,000 fragmentation cycles, no build figures.)
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ NATIVE = tomllib.loads((ROOT / "chapters" / "chapters.toml").read_text())["chapt
 PREVIOUS, FALLBACK = NATIVE - 1, 9
 
 # Python-loop iterations per round and fragmentation cycles: (full run, --quick).
-LOOP_NUMBER = {"native": (100_000, 20_000), "other": (5_000, 2_000)}
-CYCLES = (100_000, 20_000)
+LOOP_NUMBER = {"native": (100_000, 10_000), "other": (5_000, 1_000)}
+CYCLES = (100_000, 10_000)
 
 # Targets from the chapter 10 and chapter 12 issues: benchmarks, never asserted.
 TARGETS = {
