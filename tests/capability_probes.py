@@ -176,10 +176,28 @@ def ch12_memory():
     return grew == 4096 and again.data_ptr() == address and module.memory_reserved() > 0
 
 
+def ch13_routed_ops():
+    import torch
+    import torch_acme  # noqa: F401
+
+    # A convolution, an LSTM step and a view that ATen routes past the CPU
+    # fallback, each compared with the CPU.
+    x = torch.arange(18.0).reshape(1, 2, 3, 3)
+    w = torch.ones(1, 2, 2, 2)
+    conv = torch.nn.functional.conv2d(x.to(device()), w.to(device())).cpu()
+    cell = torch.nn.LSTMCell(2, 2)
+    hx, cx = cell.to(device())(x[0, :, 0, :2].t().contiguous().to(device()))
+    reference = cell.cpu()(x[0, :, 0, :2].t().contiguous())
+    repeated = torch.arange(3.0).to(device()).repeat(2).cpu()
+    return (torch.equal(conv, torch.nn.functional.conv2d(x, w))
+            and torch.allclose(hx.cpu(), reference[0]) and torch.allclose(cx.cpu(), reference[1])
+            and torch.equal(repeated, torch.arange(3.0).repeat(2)))
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
-          11: ch11_hooks, 12: ch12_memory}
+          11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops}
 
 
 def main():

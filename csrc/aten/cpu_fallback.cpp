@@ -103,6 +103,33 @@ void refuse_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack
   }
 }
 //< ch06 same-device
+//> ch13 out-device
+
+// An out= or in-place argument on the CPU beside acme inputs: the dispatcher
+// picks acme (its key ranks above the CPU's), and the fallback would write
+// the CPU tensor from acme data. PyTorch's own kernels refuse this; so does
+// acme, naming the argument.
+void refuse_host_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& arguments = op.schema().arguments();
+  const auto args = stack.end() - static_cast<std::ptrdiff_t>(arguments.size());
+  std::optional<c10::Device> acme;
+  for (auto it = args; it != stack.end() && !acme; ++it)
+    if (it->isTensor() && it->toTensor().defined() && it->toTensor().device().type() == kAcme)
+      acme = it->toTensor().device();
+  if (!acme) return;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const auto* alias = arguments[i].alias_info();
+    const c10::IValue& value = args[static_cast<std::ptrdiff_t>(i)];
+    if (alias == nullptr || !alias->isWrite() || !value.isTensor()) continue;
+    const at::Tensor& t = value.toTensor();
+    TORCH_CHECK(!t.defined() || t.device().type() == kAcme,
+                "Expected all tensors to be on the same device, but ", op.schema().operator_name(),
+                " would write its result into argument '", arguments[i].name(), "' on ",
+                t.device(), " while its inputs are on ", *acme, ". Pass '", arguments[i].name(),
+                "' on ", *acme, ", or move the inputs to ", t.device(), ".");
+  }
+}
+//< ch13 out-device
 
 //> ch02 fallback
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -110,6 +137,9 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 //> ch06 same-device-call
   refuse_mixed_devices(op, *stack);
 //< ch06 same-device-call
+//> ch13 out-device-call
+  refuse_host_outputs(op, *stack);
+//< ch13 out-device-call
   warn_once(op, "(inputs copied to the host, results copied back).");
   const size_t n_args = op.schema().arguments().size();
   const torch::jit::Stack args(stack->end() - n_args, stack->end());

@@ -71,6 +71,7 @@
 
 #include "aten/acme_check.h"
 #include "aten/allocator.h"
+#include "aten/device_views.h"
 
 namespace acme {
 namespace {
@@ -78,53 +79,6 @@ namespace {
 constexpr auto kAcme = c10::DeviceType::PrivateUse1;
 const c10::DispatchKeySet kAcmeKeys{c10::DispatchKey::PrivateUse1};
 
-//> ch10 views
-// Where a kernel "running on the device" reads and writes a device pointer.
-void* device_address(const void* device_pointer) {
-  void* view = nullptr;
-  ACME_CHECK(acmeDeviceAccess(&view, device_pointer));
-  return view;
-}
-
-// CPU tensors that alias device memory through its device-side view: same
-// sizes, strides, storage offset and dtype, no copy. Tensors sharing a device
-// storage get views sharing one CPU storage, so the CPU kernels' own aliasing
-// and overlap checks still see what aliases what. Views live for one kernel
-// call; the device tensors they alias outlive it.
-class DeviceViews {
- public:
-  at::Tensor operator()(const at::TensorBase& t) {
-    if (!t.defined() || t.device().type() != kAcme) return at::Tensor(t);
-    for (const auto& [impl, view] : tensors_)
-      if (impl == t.unsafeGetTensorImpl()) return view;
-    at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
-        storage_of(t), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-    auto* impl = view.unsafeGetTensorImpl();
-    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    impl->_set_conj(t.is_conj());  // lazy conjugation and negation travel along
-    impl->_set_neg(t.is_neg());
-    tensors_.emplace_back(t.unsafeGetTensorImpl(), view);
-    return view;
-  }
-
- private:
-  c10::Storage storage_of(const at::TensorBase& t) {
-    const c10::StorageImpl* device_storage = t.storage().unsafeGetStorageImpl();
-    for (const auto& [impl, storage] : storages_)
-      if (impl == device_storage) return storage;
-    const size_t nbytes = t.storage().nbytes();
-    void* view = nbytes == 0 ? nullptr : device_address(t.storage().data());
-    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
-                         c10::DataPtr(view, c10::Device(c10::kCPU)),
-                         /*allocator=*/nullptr, /*resizable=*/false);
-    storages_.emplace_back(device_storage, storage);
-    return storage;
-  }
-
-  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
-  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> tensors_;
-};
-//< ch10 views
 
 //> ch10 outputs
 // A new acme tensor on the device the options name (the device guard makes

@@ -1,0 +1,204 @@
+//@ ch13
+// Scaled dot-product attention. F.scaled_dot_product_attention asks a
+// per-device DispatchStub, _fused_sdp_choice_stub, which kernel to use. With
+// no acme entry in the stub, PrivateUse1 tensors always get the "math" path:
+// a dozen composite ops, correct but unfused. Registering a choice function
+// lets acme answer "overrideable", and ATen then calls the fused op
+// _scaled_dot_product_fused_attention_overrideable, and autograd its
+// backward: both have default kernels that only raise, so acme implements
+// them.
+#include <ATen/Context.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/where.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <tuple>
+
+#include "aten/device_views.h"
+#include "aten/generator.h"
+
+namespace acme {
+namespace {
+
+//> ch13 sdp-choice
+// Which SDPA kernel runs: acme's fused kernel where it applies and the user
+// allows it (torch.nn.attention.sdpa_kernel), else ATen's math path.
+int64_t choose_sdp_backend(const at::Tensor& query, const at::Tensor& key,
+                           const at::Tensor& value, const std::optional<at::Tensor>& attn_mask,
+                           double dropout_p, bool is_causal, std::optional<double> scale,
+                           bool enable_gqa) {
+  const auto& context = at::globalContext();
+  const bool supported =
+      !query.is_nested() && !key.is_nested() && !value.is_nested() &&
+      at::isFloatingType(query.scalar_type()) &&
+      // The fused op has no grouped-query form: those go to the math path.
+      (!enable_gqa || query.dim() < 3 || query.size(-3) == key.size(-3));
+  if (supported && context.userEnabledOverrideableSDP())
+    return static_cast<int64_t>(at::SDPBackend::overrideable);
+  if (context.userEnabledMathSDP()) return static_cast<int64_t>(at::SDPBackend::math);
+  return static_cast<int64_t>(at::SDPBackend::error);  // "No viable backend" from ATen
+}
+//< ch13 sdp-choice
+
+//> ch13 sdp-kernels
+// Half and bfloat16 inputs are computed in float, as fused kernels do.
+at::Tensor compute(const at::Tensor& t) {
+  return at::isReducedFloatingType(t.scalar_type()) ? t.to(at::kFloat) : t;
+}
+
+// Attention scores q·kᵀ·scale, with the causal mask (top-left aligned, as the
+// math path) or the additive mask (ATen has already turned a boolean mask
+// into 0 and -inf).
+at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bias,
+                  bool is_causal, double scale) {
+  at::Tensor s = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+  if (is_causal) {
+    const at::Tensor kept = at::ones({s.size(-2), s.size(-1)}, s.options().dtype(at::kBool)).tril();
+    s.masked_fill_(kept.logical_not(), -std::numeric_limits<double>::infinity());
+  }
+  if (bias.defined()) s = s + compute(bias);
+  return s;
+}
+
+// softmax(s) from the saved row log-sum-exp. A row masked out entirely
+// (log-sum-exp -inf) attends to nothing and gives 0, as ATen's math path.
+at::Tensor probabilities(const at::Tensor& s, const at::Tensor& logsumexp) {
+  const at::Tensor lse = logsumexp.unsqueeze(-1);
+  return at::where(lse.isneginf(), at::scalar_tensor(0.0, s.options()), (s - lse).exp());
+}
+
+// The dropout mask is drawn with acme's generator (chapter 5's bernoulli
+// kernel) from a counter range reserved once in forward. Backward redraws
+// the same mask from the saved (seed, offset) instead of storing it.
+at::Tensor dropout_keep(c10::Device device, at::IntArrayRef sizes, double dropout_p,
+                        uint64_t seed, uint64_t offset) {
+  at::Generator generator = new_generator(device.index());
+  {
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_current_seed(seed);
+    generator.set_offset(offset);
+  }
+  return at::empty(sizes, at::TensorOptions().device(device).dtype(at::kBool))
+      .bernoulli_(1.0 - dropout_p, generator);
+}
+
+double default_scale(const at::Tensor& query, std::optional<double> scale) {
+  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
+}
+
+using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt,
+                           c10::SymInt, at::Tensor, at::Tensor, at::Tensor>;
+
+Forward attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                  const std::optional<at::Tensor>& attn_bias, double dropout_p, bool is_causal,
+                  bool return_debug_mask, std::optional<double> scale) {
+  const c10::Device device = query.device();
+  const at::Tensor bias = attn_bias.value_or(at::Tensor());
+  check_same_device("aten::_scaled_dot_product_fused_attention_overrideable", device,
+                    {key, value, bias});
+  TORCH_CHECK(!(is_causal && bias.defined()),
+              "scaled_dot_product_attention: an explicit attn_mask cannot be combined with "
+              "is_causal=True");
+  TORCH_CHECK(!return_debug_mask, "acme's fused attention has no debug mask");
+  TORCH_CHECK(dropout_p >= 0 && dropout_p <= 1, "dropout_p must be in [0, 1], got ", dropout_p);
+  DeviceViews view;
+  const at::Tensor q = compute(view(query)), k = compute(view(key)), v = compute(view(value));
+  const at::Tensor s = scores(q, k, bias.defined() ? view(bias) : bias, is_causal,
+                              default_scale(query, scale));
+  const at::Tensor logsumexp = s.logsumexp(-1);
+  at::Tensor p = probabilities(s, logsumexp);
+  uint64_t seed = 0, offset = 0;
+  if (dropout_p > 0) {
+    auto* generator = at::check_generator<AcmeGeneratorImpl>(default_generator(device.index()));
+    {
+      const std::lock_guard<std::mutex> lock(generator->mutex_);
+      const PhiloxRange range = generator->reserve(static_cast<uint64_t>(p.numel()));
+      seed = range.seed;
+      offset = range.first;
+    }
+    const at::Tensor keep = dropout_keep(device, p.sizes(), dropout_p, seed, offset);
+    p = p * view(keep) / (1.0 - dropout_p);
+  }
+  const at::Tensor out = at::matmul(p, v).to(query.scalar_type());
+  const auto philox = [](uint64_t bits) {
+    return at::scalar_tensor(static_cast<int64_t>(bits), at::kLong);
+  };
+  return {on_device(out, device),
+          on_device(logsumexp, device),  // float, or double for double inputs
+          at::Tensor(), at::Tensor(),  // cumulative sequence lengths: nested tensors only
+          query.size(-2), key.size(-2),
+          philox(seed), philox(offset),
+          at::Tensor()};
+}
+
+using Backward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+Backward attention_backward(const at::Tensor& grad_out, const at::Tensor& query,
+                            const at::Tensor& key, const at::Tensor& value,
+                            const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask,
+                            const at::Tensor& out, const at::Tensor& logsumexp,
+                            const at::Tensor& /*cum_seq_q*/, const at::Tensor& /*cum_seq_k*/,
+                            int64_t /*max_q*/, int64_t /*max_k*/, double dropout_p,
+                            bool is_causal, const at::Tensor& philox_seed,
+                            const at::Tensor& philox_offset, std::optional<double> scale) {
+  const c10::Device device = query.device();
+  check_same_device("aten::_scaled_dot_product_fused_attention_overrideable_backward", device,
+                    {grad_out, key, value, attn_bias, out, logsumexp});
+  DeviceViews view;
+  const double factor = default_scale(query, scale);
+  const at::Tensor q = compute(view(query)), k = compute(view(key)), v = compute(view(value));
+  const at::Tensor d_out = compute(view(grad_out));
+  const at::Tensor s = scores(q, k, attn_bias.defined() ? view(attn_bias) : attn_bias,
+                              is_causal, factor);
+  const at::Tensor p = probabilities(s, view(logsumexp));
+  at::Tensor p_used = p, d_p = at::matmul(d_out, v.transpose(-2, -1));
+  if (dropout_p > 0) {
+    const at::Tensor keep = view(dropout_keep(device, p.sizes(), dropout_p,
+                                              static_cast<uint64_t>(philox_seed.item<int64_t>()),
+                                              static_cast<uint64_t>(philox_offset.item<int64_t>())));
+    p_used = p * keep / (1.0 - dropout_p);
+    d_p = d_p * keep / (1.0 - dropout_p);
+  }
+  // Softmax's backward: dS = P ∘ (dP − rowsum(dP ∘ P)).
+  const at::Tensor d_s = p * (d_p - (d_p * p).sum(-1, /*keepdim=*/true));
+  const auto result = [&](bool wanted, const at::Tensor& grad, const at::Tensor& like) {
+    if (!wanted) return at::Tensor();
+    return on_device(grad.sum_to_size(like.sizes()).to(like.scalar_type()), device);
+  };
+  return {result(grad_input_mask[0], at::matmul(d_s, k).mul_(factor), query),
+          result(grad_input_mask[1], at::matmul(d_s.transpose(-2, -1), q).mul_(factor), key),
+          result(grad_input_mask[2], at::matmul(p_used.transpose(-2, -1), d_out), value),
+          result(grad_input_mask[3] && attn_bias.defined(), d_s, attn_bias)};
+}
+//< ch13 sdp-kernels
+
+}  // namespace
+}  // namespace acme
+
+//> ch13 register-attention
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &acme::choose_sdp_backend)
+}  // namespace at::native
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // The same answer for those who ask the op rather than the stub (Python's
+  // torch._fused_sdp_choice, the compiler): through the fallback they would
+  // get the CPU's answer, a kernel acme does not run.
+  m.impl("_fused_sdp_choice", TORCH_FN(acme::choose_sdp_backend));
+  m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(acme::attention));
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
+         TORCH_FN(acme::attention_backward));
+}
+//< ch13 register-attention

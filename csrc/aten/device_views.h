@@ -1,0 +1,91 @@
+//@ ch10
+// Device memory seen as CPU tensors, for kernels that borrow PyTorch's CPU
+// arithmetic: native kernels now, routed ops later.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+//> ch13 results-include
+#include <ATen/ops/empty_strided.h>
+//< ch13 results-include
+#include <c10/util/SmallVector.h>
+
+#include <initializer_list>
+#include <utility>
+
+#include "aten/acme_check.h"
+
+namespace acme {
+
+//> ch10 views
+// Where a kernel "running on the device" reads and writes a device pointer.
+inline void* device_address(const void* device_pointer) {
+  void* view = nullptr;
+  ACME_CHECK(acmeDeviceAccess(&view, device_pointer));
+  return view;
+}
+
+// CPU tensors that alias device memory through its device-side view: same
+// sizes, strides, storage offset and dtype, no copy. Tensors sharing a device
+// storage get views sharing one CPU storage, so the CPU kernels' own aliasing
+// and overlap checks still see what aliases what. Views live for one kernel
+// call; the device tensors they alias outlive it.
+class DeviceViews {
+ public:
+  at::Tensor operator()(const at::TensorBase& t) {
+    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return at::Tensor(t);
+    for (const auto& [impl, view] : tensors_)
+      if (impl == t.unsafeGetTensorImpl()) return view;
+    at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
+        storage_of(t), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+    auto* impl = view.unsafeGetTensorImpl();
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    impl->_set_conj(t.is_conj());  // lazy conjugation and negation travel along
+    impl->_set_neg(t.is_neg());
+    tensors_.emplace_back(t.unsafeGetTensorImpl(), view);
+    return view;
+  }
+
+ private:
+  c10::Storage storage_of(const at::TensorBase& t) {
+    const c10::StorageImpl* device_storage = t.storage().unsafeGetStorageImpl();
+    for (const auto& [impl, storage] : storages_)
+      if (impl == device_storage) return storage;
+    const size_t nbytes = t.storage().nbytes();
+    void* view = nbytes == 0 ? nullptr : device_address(t.storage().data());
+    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                         c10::DataPtr(view, c10::Device(c10::kCPU)),
+                         /*allocator=*/nullptr, /*resizable=*/false);
+    storages_.emplace_back(device_storage, storage);
+    return storage;
+  }
+
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
+  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> tensors_;
+};
+//< ch10 views
+//> ch13 results
+// Device views pass CPU tensors through untouched, so a kernel that uses them
+// must first refuse tensors of another device, as PyTorch's kernels do.
+inline void check_same_device(const char* op, c10::Device device,
+                              std::initializer_list<at::Tensor> tensors) {
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(!t.defined() || t.device() == device,
+                "Expected all tensors to be on the same device, but found at least two "
+                "devices, ", device, " and ", t.device(), "! (in acme's kernel for ", op, ")");
+  }
+}
+
+// The routed ops compute on device views into CPU results; this writes one
+// into a new tensor on `device`, with the same sizes and strides. (A real
+// kernel would write its output in place; here the copy is device-side.)
+inline at::Tensor on_device(const at::Tensor& computed, c10::Device device) {
+  if (!computed.defined()) return computed;
+  at::Tensor result = at::empty_strided(computed.sizes(), computed.strides(),
+                                        computed.options().device(device));
+  DeviceViews view;
+  view(result).copy_(computed);
+  return result;
+}
+//< ch13 results
+
+}  // namespace acme
