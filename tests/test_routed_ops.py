@@ -429,3 +429,39 @@ def test_what_the_views_enable():
         torch.stft(signal.to(DEVICE), 16, return_complex=True).cpu(),
         torch.stft(signal, 16, return_complex=True))
     compare_module(nn.InstanceNorm2d(3, affine=True).double(), leaf(2, 3, 5, 5))
+
+
+# ---- composite kernels where the CPU has its own ----
+
+def test_no_composite_runs_where_the_cpu_has_a_kernel():
+    """The scan behind cpu_fallback.cpp's `ch13 register-cpu-kernels` block."""
+    C = torch._C
+    composite_instead = []
+    for name in C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        for schema in C._jit_get_schemas_for_operator(name):
+            op = name + ("." + schema.overload_name if schema.overload_name else "")
+            try:
+                has = lambda key: C._dispatch_has_kernel_for_dispatch_key(op, key)  # noqa: E731
+                if not has("CPU") or has("PrivateUse1"):
+                    continue
+            except RuntimeError:
+                continue  # a TorchScript-only name
+            # CompositeExplicitAutogradNonFunctional kernels call the op's out=
+            # form, which reaches the CPU kernel; CompositeImplicitAutograd ones
+            # run above autograd for every device without its own autograd kernel.
+            if has("CompositeExplicitAutograd"):
+                composite_instead.append(op)
+    assert composite_instead == []
+
+
+def test_layer_norm_over_one_element_matches_cpu():
+    # Found by comparing OpInfo samples: the composite decomposition left a
+    # rounding residue that rstd (~316) magnified.
+    torch.manual_seed(16)
+    x, w, b = torch.randn(3, 1), torch.randn(1), torch.randn(1)
+    expected = F.layer_norm(x, (1,), w, b)
+    actual = F.layer_norm(x.to(DEVICE), (1,), w.to(DEVICE), b.to(DEVICE)).cpu()
+    assert torch.equal(actual, expected)
+    compare_module(nn.GroupNorm(2, 4).double(), leaf(2, 4, 3))
