@@ -1,4 +1,4 @@
-"""Sessions: chapter-N (build stage N, run chapters 0..N), tests, site, bench.
+"""Sessions: chapter-N (build stage N, run chapters 0..N), tests, site, bench, conformance.
 
 All sessions share one environment (.nox/acme): torch alone is ~1 GB, and the
 stages differ by build folder and kernel, not by Python packages.
@@ -80,6 +80,11 @@ def site(session: nox.Session) -> None:
     # `nox -s bench` has not written fuller ones.
     if not (ROOT / "_build" / "bench" / "results.json").exists():
         run(session, "tools/bench.py", "--quick")
+    # Likewise the conformance page: the quick subset (about 20 s) when
+    # `nox -s conformance` has not run.
+    conformance = ROOT / "_build" / "conformance"
+    if not (conformance / "results.json").exists() and not (conformance / "quick.json").exists():
+        run(session, "tools/conformance.py", "--quick")
     # Doctrees beside the site, not inside the folder one publishes.
     shutil.rmtree(ROOT / "_build" / "html" / ".doctrees", ignore_errors=True)
     # Incremental: a page is rebuilt when its text, its snippets or the run its
@@ -94,6 +99,15 @@ def bench(session: nox.Session) -> None:
     environment(session)
     build(session)
     run(session, "tools/bench.py", *session.posargs)
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """Build every stage, then run PyTorch's OpInfo and ModuleInfo samples on acme against the CPU."""
+    environment(session)
+    build(session)
+    # Writes _build/conformance/results.json, which the site's conformance page shows.
+    run(session, "tools/conformance.py", *session.posargs)
 
 
 # ---- reliability: sanitizers and differential fuzzing ----

@@ -194,10 +194,26 @@ def ch13_routed_ops():
             and torch.equal(repeated, torch.arange(3.0).repeat(2)))
 
 
+def ch14_conformance():
+    import torch
+    import torch_acme  # noqa: F401
+
+    # Two silent differences from CUDA that the conformance run found: a
+    # module moved to the device keeps its Parameter objects, and training-mode
+    # batch norm moves the running statistics.
+    linear = torch.nn.Linear(2, 2)
+    weight = linear.weight
+    kept = linear.to(device()).weight is weight
+    norm = torch.nn.BatchNorm1d(2).to(device())
+    norm(torch.tensor([[0.0, 1.0], [2.0, 5.0]], device=device()))
+    return kept and torch.allclose(norm.running_mean.cpu(), torch.tensor([0.1, 0.3]))
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
-          11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops}
+          11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops,
+          14: ch14_conformance}
 
 
 def main():

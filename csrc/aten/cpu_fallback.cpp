@@ -184,3 +184,16 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   }
 }
 //< ch13 register-cpu-kernels
+
+//> ch14 register-cpu-kernels-implicit
+// The other half of the trap, found by chapter 14's run (silu's gradient in
+// half precision, one element in twenty apart): ops with a CPU kernel and a
+// CompositeImplicitAutograd one. AutogradCPU skips the composite because the
+// CPU has a kernel; AutogradPrivateUse1 ran it, decomposing the op on acme.
+// A PrivateUse1 kernel makes the autograd key skip it on acme too.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* name : {"silu_backward", "mish_backward", "native_channel_shuffle"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&acme::cpu_fallback>());
+  }
+}
+//< ch14 register-cpu-kernels-implicit

@@ -11,6 +11,9 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/ops/empty.h>
+//> ch14 complex-include
+#include <ATen/ops/view_as_real.h>
+//< ch14 complex-include
 #include <c10/util/MathConstants.h>
 #include <torch/library.h>
 
@@ -118,6 +121,13 @@ at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at:
               from, " > to=", to);
   TORCH_CHECK(std::isfinite(to - from), "uniform_ expects a finite range, but found from=",
               from, " and to=", to);
+  //> ch14 complex-uniform
+  if (self.is_complex()) {  // as on the CPU: real and imaginary parts, each uniform
+    at::Tensor parts = at::view_as_real(self);
+    uniform_(parts, from, to, gen);
+    return self;
+  }
+  //< ch14 complex-uniform
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "acme uniform_", [&] {
     launch<scalar_t>(self, gen, [from, to](int64_t, const PhiloxBlock& b) {
       const auto v = static_cast<scalar_t>(from + (to - from) * unit<scalar_t>(b));
@@ -129,6 +139,13 @@ at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at:
 
 at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at::Generator> gen) {
   TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
+  //> ch14 complex-normal
+  if (self.is_complex()) {  // as on the CPU: each part gets half the variance
+    at::Tensor parts = at::view_as_real(self);
+    normal_(parts, mean, std / std::sqrt(2.0), gen);
+    return self;
+  }
+  //< ch14 complex-normal
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "acme normal_", [&] {
     launch<scalar_t>(self, gen, [mean, std](int64_t, const PhiloxBlock& b) {
       return static_cast<scalar_t>(mean + std * standard_normal(b));

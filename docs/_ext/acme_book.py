@@ -219,6 +219,10 @@ def outdated_by_runs(app, env, added, changed, removed) -> list[str]:
     keys = {f"chapters/{notebook_name(c)}": RUNS[c["number"]][0] for c in chapters()}
     bench = BUILD / "bench" / "results.json"
     keys["docs/bench"] = str(bench.stat().st_mtime_ns) if bench.exists() else ""
+    for results in ("results.json", "quick.json"):
+        found = BUILD / "conformance" / results
+        keys[f"docs/conformance:{results}"] = str(found.stat().st_mtime_ns) if found.exists() else ""
+    keys["docs/conformance"] = keys.pop("docs/conformance:results.json") + keys.pop("docs/conformance:quick.json")
     before = getattr(env, "acme_output_keys", {})
     env.acme_output_keys = keys
     return [doc for doc, k in keys.items() if before.get(doc) != k and doc in env.found_docs]

@@ -1,0 +1,60 @@
+//@ ch14
+// Two places where PyTorch 2.13 treats a PrivateUse1 device differently from
+// CUDA, found by running PyTorch's own OpInfo and ModuleInfo samples on acme
+// (chapter 14). Neither raised an error: both were silently wrong.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_native_batch_norm_legit.h>
+#include <torch/library.h>
+
+namespace acme {
+namespace {
+
+//> ch14 shallow-copy
+// Module.to(device) keeps each Parameter object and swaps its data only when
+// `_has_compatible_shallow_copy_type(param, moved)` is true. c10's default
+// (TensorImpl::has_compatible_shallow_copy_type) lists CPU, CUDA, MPS, HIP,
+// XPU, HPU and MTIA as dense backends but not PrivateUse1, so a module moved to
+// acme got new Parameter objects: an optimizer built before `.to()` held the
+// old ones, and lazy modules lost their UninitializedParameter and failed.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && (t.is_cpu() || t.is_privateuseone());
+  };
+  if (dense(self) && dense(from)) return true;
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+//< ch14 shallow-copy
+
+//> ch14 batch-norm
+// native_batch_norm writes the running mean and variance in training mode, but
+// its schema does not say so (no `Tensor(a!)`). The CPU fallback copies back
+// only the arguments a schema marks as written, so on acme the running
+// statistics never moved. `_native_batch_norm_legit` is the same computation
+// with an honest schema; the fallback runs it and copies the statistics back.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps) {
+  bool has_mean = running_mean.has_value() && running_mean->defined();
+  bool has_var = running_var.has_value() && running_var->defined();
+  // The CPU's own check and wording: a ValueError.
+  TORCH_CHECK_VALUE(has_mean == has_var,
+                    "running_mean and running_var must either both be None or neither be None");
+  if (!has_mean) {
+    return at::_native_batch_norm_legit(input, weight, bias, training, momentum, eps);
+  }
+  at::Tensor mean = *running_mean;
+  at::Tensor var = *running_var;
+  return at::_native_batch_norm_legit(input, weight, bias, mean, var, training, momentum, eps);
+}
+//< ch14 batch-norm
+
+}  // namespace
+}  // namespace acme
+
+//> ch14 register-fixes
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(acme::has_compatible_shallow_copy_type));
+  m.impl("native_batch_norm", TORCH_FN(acme::native_batch_norm));
+}
+//< ch14 register-fixes

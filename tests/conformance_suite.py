@@ -1,0 +1,441 @@
+"""PyTorch's own OpInfo and ModuleInfo samples, run on acme and compared with the CPU.
+
+This is the file a vendor adapts: a device-generic test class, instantiated by
+PyTorch's `instantiate_device_type_tests` for the PrivateUse1 device, whatever
+it is called. It is not collected by `pytest tests` (thousands of tests);
+`tools/conformance.py` runs it in crash-isolated workers, and it also runs
+directly:
+
+    python -m pytest tests/conformance_suite.py -k "test_forward_add_"
+
+Three things make it work for an out-of-tree backend (chapter 14 explains them):
+
+1. The backend is imported *before* `torch.testing._internal.common_device_type`:
+   that module decides at import time which device test bases exist, and it
+   only adds `PrivateUse1TestBase` when `torch.<name>.is_available()` is true.
+2. `only_for="privateuse1"`: the test classes are made for acme alone (the CPU
+   is the reference inside each test, not a device under test).
+3. acme's known gaps are declared in `ACME_OVERRIDES` with
+   `PrivateUse1TestBase.set_test_configs(op_overrides=...)`, each with its reason.
+
+Each test compares every sample with the CPU. A test fails with `Mismatch`
+when acme's numbers differ, with `DeviceError` when acme raises where the CPU
+does not; it is skipped with "the CPU" in its reason when the CPU itself cannot
+run the op for that dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import unittest
+import unittest.mock
+
+import torch_acme  # noqa: F401  (first: see 1. above)
+import torch
+from torch.testing._internal.common_device_type import (
+    OpDTypes,
+    PrivateUse1TestBase,
+    instantiate_device_type_tests,
+    ops,
+)
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.common_modules import module_db, modules
+from torch.testing._internal.common_utils import TestCase
+from torch.testing._internal.opinfo.core import DecorateInfo, SampleInput
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+DEVICE = torch._C._get_privateuse1_backend_name()
+
+# The dtypes the heatmap shows; an op is tested in those of them the CPU supports.
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16,
+          torch.complex64, torch.int64, torch.uint8, torch.bool)
+MODULE_DTYPES = (torch.float32, torch.float64)
+
+# Ops whose output is uninitialised memory: only shape, dtype, device and strides mean anything.
+UNINITIALISED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
+                 "empty_permuted"}
+
+# Samples per (op, dtype): ACME_CONFORMANCE_SAMPLES=1 is the quick subset `nox -s tests` runs.
+SAMPLES = int(os.environ.get("ACME_CONFORMANCE_SAMPLES", "0")) or None
+# A random op's outputs are pooled over this many seeds before comparing distributions.
+RANDOM_DRAWS = 100
+
+
+class Mismatch(AssertionError):
+    """acme's result differs from the CPU's for the same sample."""
+
+
+class DeviceError(RuntimeError):
+    """acme raised where the CPU computed a result."""
+
+
+class Close(Exception):
+    """Outside the tolerances PyTorch's tests use on one device, inside the ones its
+    CPU-versus-CUDA test (test_ops.py's test_compare_cpu) uses: atol = rtol = 1e-3.
+    A different algorithm (attention computed blockwise or not) rounds differently;
+    the run reports these apart from passes and from mismatches."""
+
+
+CROSS_DEVICE_TOL = dict(atol=1e-3, rtol=1e-3)
+
+
+# ---- samples: made on acme (as PyTorch's own tests make them on the device), copied to the CPU ----
+
+def _copy(value, device: str):
+    """A fresh copy of a sample's tensors for one run on `device` ("cpu" or acme).
+
+    Tensors on acme go to `device`; tensors a sample keeps on the CPU on purpose
+    (tensor_split's indices, say) stay there. Every run gets its own copies, so an
+    in-place op cannot change the next run's input. Leaves stay leaves, and the
+    device arguments of factory functions follow the run.
+    """
+    def move(x):
+        if isinstance(x, torch.Tensor):
+            target = device if x.device.type == DEVICE else x.device
+            moved = x.detach().to(target, copy=True)
+            return moved.requires_grad_(x.requires_grad) if x.is_leaf else moved
+        if isinstance(x, torch.device) and x.type == DEVICE:
+            return torch.device(device)
+        if isinstance(x, str) and x.split(":")[0] == DEVICE:
+            return device
+        return x
+    return tree_map(move, value)
+
+
+def _to_cpu(value):
+    return tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, value)
+
+
+def _samples(op, dtype, requires_grad):
+    torch.manual_seed(0)
+    samples = op.sample_inputs(DEVICE, dtype, requires_grad=requires_grad)
+    for i, sample in enumerate(samples):
+        if SAMPLES is not None and i >= SAMPLES:
+            return
+        yield sample
+
+
+def _run(op, sample, device: str, seed: int = 0):
+    """Runs one sample on `device` ("cpu" or acme) from fresh copies; returns (inputs, output)."""
+    inputs = SampleInput(_copy(sample.input, device), args=_copy(sample.args, device),
+                         kwargs=_copy(sample.kwargs, device),
+                         output_process_fn_grad=sample.output_process_fn_grad,
+                         broadcasts_input=sample.broadcasts_input, name=sample.name)
+    _next_seed.append(seed)
+    torch.manual_seed(seed)
+    _next_seed.clear()
+    return inputs, op(inputs.input, *inputs.args, **inputs.kwargs)
+
+
+def _close(test, actual, expected) -> bool:
+    try:
+        TestCase.assertEqual(test, actual, expected, **CROSS_DEVICE_TOL)
+    except AssertionError:
+        return False
+    return True
+
+
+def _arguments(sample):
+    """The sample's tensors after a run (what the op may have written)."""
+    return [x for x in tree_flatten((sample.input, sample.args, sample.kwargs))[0]
+            if isinstance(x, torch.Tensor)]
+
+
+def _describe(sample) -> str:
+    text = sample.summary().replace(f'device="{DEVICE}:0"', "").replace('device="cpu"', "")
+    return text if len(text) < 400 else text[:400] + "…"
+
+
+def _floats(value) -> torch.Tensor:
+    """Every number in an output, as one float64 vector (for distributions)."""
+    leaves = [x for x in tree_flatten(_to_cpu(value))[0] if isinstance(x, (torch.Tensor, int, float))]
+    parts = [torch.as_tensor(x).reshape(-1) for x in leaves]
+    parts = [torch.view_as_real(p.resolve_conj()).reshape(-1) if p.is_complex() else p for p in parts]
+    return torch.cat([p.to(torch.float64) for p in parts]) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def _same_distribution(acme: torch.Tensor, cpu: torch.Tensor) -> str | None:
+    """None when two pooled samples plausibly share a distribution, else why not.
+
+    A two-sample Kolmogorov-Smirnov test: it needs no mean or variance (Cauchy
+    has neither). Values within one draw can be correlated (dropout3d zeroes
+    whole channels), so the sample size counted is the number of draws, not of
+    values: a loose test, but an independent one, and with fixed seeds it is
+    deterministic. A wrong probability or range is still far outside it.
+    """
+    acme, cpu = acme[torch.isfinite(acme)], cpu[torch.isfinite(cpu)]
+    if acme.numel() == 0 or cpu.numel() == 0:
+        return None if acme.numel() == cpu.numel() else "only one device gave finite values"
+    a, c = acme.sort().values, cpu.sort().values
+    points = torch.cat([a, c])
+    f_a = torch.searchsorted(a, points, right=True) / a.numel()
+    f_c = torch.searchsorted(c, points, right=True) / c.numel()
+    d = (f_a - f_c).abs().max().item()
+    critical = 1.95 * math.sqrt(2 / RANDOM_DRAWS)  # alpha = 0.001
+    if d > critical:
+        return (f"Kolmogorov-Smirnov D = {d:.3f} > {critical:.3f}; medians {a.median().item():.4g} "
+                f"on {DEVICE}, {c.median().item():.4g} on the CPU")
+    return None
+
+
+_real_manual_seed = torch.manual_seed
+_next_seed: list[int] = []
+
+
+def _seed_once(seed):
+    """torch.manual_seed for the draws: the harness's call seeds, the op's own is skipped."""
+    if _next_seed:
+        return _real_manual_seed(_next_seed.pop())
+    return None
+
+
+class _SeededOps(TorchDispatchMode):
+    """Notes whether any ATen op that draws random numbers ran."""
+
+    seeded = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seeded |= torch.Tag.nondeterministic_seeded in func.tags
+        return func(*args, **(kwargs or {}))
+
+
+class TestConformance(TestCase):
+    """Every OpInfo op and every ModuleInfo module, on acme, against the CPU."""
+
+    # An op is random when its CPU run calls an ATen op tagged
+    # nondeterministic_seeded (one that draws from a generator): PyTorch's own
+    # mark, so no list of random ops is kept here. Such an op is compared by
+    # reproducibility on acme and by distribution against the CPU.
+    def _is_random(self, op, sample):
+        with _SeededOps() as seen:
+            _run(op, sample, "cpu")
+        return seen.seeded
+
+    def _compare_random(self, op, sample, acme_out):
+        _, again = _run(op, sample, DEVICE, seed=0)
+        try:
+            self.assertEqual(_to_cpu(again), _to_cpu(acme_out))
+        except AssertionError as e:
+            raise Mismatch(f"a random op gave two results for one seed on {DEVICE}: "
+                           f"{_describe(sample)}\n{e}") from None
+        pooled = {}
+        # Many random OpInfos seed themselves (wrapper_set_seed calls
+        # torch.manual_seed(42)), so every draw would be the same draw: the
+        # op's own call is silenced here and each draw gets its own seed.
+        with unittest.mock.patch.object(torch, "manual_seed", _seed_once):
+            for device in (DEVICE, "cpu"):
+                draws = [_floats(_run(op, sample, device, seed=100 + i)[1]) for i in range(RANDOM_DRAWS)]
+                pooled[device] = torch.cat(draws)
+        why = _same_distribution(pooled[DEVICE], pooled["cpu"])
+        if why:
+            raise Mismatch(f"a random op's distribution differs ({why}): {_describe(sample)}")
+
+    def _check_uninitialised(self, cpu_out, acme_out, sample):
+        # On acme, unless the sample asks for the CPU (empty_like(x, device="cpu")).
+        wanted = "cpu" if str(sample.kwargs.get("device", "")).startswith("cpu") else DEVICE
+        for a, c in zip(tree_flatten(acme_out)[0], tree_flatten(cpu_out)[0]):
+            if isinstance(c, torch.Tensor):
+                same = (a.device.type == wanted and a.shape == c.shape and a.dtype == c.dtype
+                        and a.stride() == c.stride())
+                if not same:
+                    raise Mismatch(f"uninitialised output differs: {a.shape} {a.dtype} {a.stride()} "
+                                   f"on {a.device}, {c.shape} {c.dtype} {c.stride()} on the CPU: "
+                                   f"{_describe(sample)}")
+
+    @ops(op_db, dtypes=OpDTypes.supported, allowed_dtypes=DTYPES)
+    def test_forward(self, device, dtype, op):
+        ran = cpu_failures = 0
+        for sample in _samples(op, dtype, requires_grad=False):
+            try:
+                cpu_in, cpu_out = _run(op, sample, "cpu")
+            except Exception:
+                cpu_failures += 1
+                continue
+            try:
+                acme_in, acme_out = _run(op, sample, device)
+            except Exception as e:
+                raise DeviceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]} "
+                                  f"(the CPU ran {_describe(sample)})") from e
+            ran += 1
+            if op.name in UNINITIALISED:
+                self._check_uninitialised(cpu_out, acme_out, sample)
+                continue
+            try:
+                # The inputs too: an op that writes to an argument must write the same on both.
+                self.assertEqual(_to_cpu((acme_out, _arguments(acme_in))), (cpu_out, _arguments(cpu_in)))
+            except AssertionError as e:
+                if self._is_random(op, sample):
+                    self._compare_random(op, sample, acme_out)
+                    continue
+                close = _close(self, _to_cpu(acme_out), cpu_out)
+                if close:
+                    raise Close(f"{_describe(sample)}\n{e}") from None
+                raise Mismatch(f"{_describe(sample)}\n{e}") from None
+        if not ran:
+            raise unittest.SkipTest(f"the CPU raised on all {cpu_failures} samples" if cpu_failures
+                                    else "the CPU has no samples for this dtype")
+
+    @ops(op_db, dtypes=OpDTypes.supported_backward, allowed_dtypes=DTYPES)
+    def test_backward(self, device, dtype, op):
+        if not op.supports_autograd:
+            raise unittest.SkipTest("the op has no derivative")
+        ran = 0
+        for sample in _samples(op, dtype, requires_grad=True):
+            try:
+                cpu_grads, cotangents = self._grads(op, sample, "cpu", None)
+            except Exception:
+                continue
+            if cpu_grads is None:
+                continue
+            try:
+                acme_grads, _ = self._grads(op, sample, device, cotangents)
+            except Exception as e:
+                raise DeviceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]} "
+                                  f"(backward; the CPU ran {_describe(sample)})") from e
+            ran += 1
+            try:
+                self.assertEqual(_to_cpu(acme_grads), cpu_grads)
+            except AssertionError as e:
+                if self._is_random(op, sample):
+                    again, _ = self._grads(op, sample, device, cotangents)
+                    try:
+                        self.assertEqual(_to_cpu(again), _to_cpu(acme_grads))
+                    except AssertionError as e2:
+                        raise Mismatch(f"a random op's gradients differ between two runs with one "
+                                       f"seed on {DEVICE}: {_describe(sample)}\n{e2}") from None
+                    continue
+                if _close(self, _to_cpu(acme_grads), cpu_grads):
+                    raise Close(f"gradients: {_describe(sample)}\n{e}") from None
+                raise Mismatch(f"gradients: {_describe(sample)}\n{e}") from None
+        if not ran:
+            raise unittest.SkipTest("the CPU has no differentiable samples for this dtype")
+
+    def _grads(self, op, sample, device, cotangents):
+        """Gradients of the op's outputs (weighted by `cotangents`) for the sample's leaves."""
+        inputs, out = _run(op, sample, device)
+        out = sample.output_process_fn_grad(out)
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        leaves = [t for t in tree_flatten((inputs.input, inputs.args, inputs.kwargs))[0]
+                  if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not outs or not leaves:
+            return None, None
+        if cotangents is None:
+            gen = torch.Generator().manual_seed(0)
+            cotangents = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
+        grads = torch.autograd.grad(outs, leaves, [c.to(device) for c in cotangents], allow_unused=True)
+        return grads, cotangents
+
+    @modules(module_db, allowed_dtypes=MODULE_DTYPES)
+    def test_module(self, device, dtype, module_info, training):
+        module_cls = module_info.module_cls
+        torch.manual_seed(0)
+        inputs = module_info.module_inputs_func(module_info, device=device, dtype=dtype,
+                                                requires_grad=True, training=training)
+        ran = 0
+        for module_input in inputs[:SAMPLES]:
+            if module_input.forward_input is None:
+                continue
+            for channels_last in (False, True):
+                if channels_last and not _has_channels_last_input(module_input):
+                    continue
+                try:
+                    cpu = _module_run(module_cls, module_input, "cpu", dtype, training, channels_last)
+                except Exception:
+                    continue
+                try:
+                    acme = _module_run(module_cls, module_input, device, dtype, training, channels_last)
+                except Exception as e:
+                    raise DeviceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]} "
+                                      f"({module_input.desc or 'default'}, channels_last={channels_last})"
+                                      ) from e
+                ran += 1
+                where = f"{module_input.desc or 'default input'}, channels_last={channels_last}"
+                try:
+                    self.assertEqual(_to_cpu(acme), cpu)
+                except AssertionError as e:
+                    again = _module_run(module_cls, module_input, device, dtype, training, channels_last)
+                    other = _module_run(module_cls, module_input, "cpu", dtype, training, channels_last, seed=1)
+                    try:
+                        TestCase.assertEqual(self, other, cpu)
+                    except AssertionError:  # random (dropout, RReLU): reproducible on acme?
+                        try:
+                            self.assertEqual(_to_cpu(again), _to_cpu(acme))
+                            continue
+                        except AssertionError as e2:
+                            raise Mismatch(f"a random module gave two results for one seed: {where}\n{e2}"
+                                           ) from None
+                    if _close(self, _to_cpu(acme), cpu):
+                        raise Close(f"{where}\n{e}") from None
+                    raise Mismatch(f"{where}\n{e}") from None
+        if not ran:
+            raise unittest.SkipTest("the CPU raised on every input")
+
+
+def _has_channels_last_input(module_input) -> bool:
+    args = tree_flatten((module_input.forward_input.args, module_input.forward_input.kwargs))[0]
+    return any(isinstance(a, torch.Tensor) and a.dim() in (4, 5) for a in args)
+
+
+def _module_run(module_cls, module_input, device, dtype, training, channels_last, seed=0):
+    """Builds the module (same seed, so same parameters), runs forward and backward on `device`.
+
+    Returns the outputs, the inputs' gradients and the parameters' gradients.
+    """
+    torch.manual_seed(seed)
+    c_args, c_kwargs = (module_input.constructor_input.args, module_input.constructor_input.kwargs)
+    module = module_cls(*_copy(c_args, device), **_copy(c_kwargs, device)).to(dtype)
+    module = module.to(device)
+    module.train(training)
+    args = _copy(module_input.forward_input.args, device)
+    kwargs = _copy(module_input.forward_input.kwargs, device)
+    if channels_last:
+        module = module.to(memory_format=torch.channels_last)
+
+        def fmt(x):
+            if isinstance(x, torch.Tensor) and x.dim() in (4, 5):
+                form = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+                moved = x.detach().to(memory_format=form)
+                return moved.requires_grad_(x.requires_grad)
+            return x
+        args, kwargs = tree_map(fmt, args), tree_map(fmt, kwargs)
+    torch.manual_seed(seed)
+    out = module(*args, **kwargs)
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    leaves = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    params = [p for p in module.parameters() if p.requires_grad]
+    grads = ()
+    if outs and (leaves or params):
+        gen = torch.Generator().manual_seed(0)
+        cotangents = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(device) for o in outs]
+        grads = torch.autograd.grad(outs, leaves + params, cotangents, allow_unused=True)
+    buffers = [b for b in module.buffers()]
+    return _to_cpu((out, grads, buffers))
+
+
+# acme's known gaps, each with its reason. Keys are OpInfo full names; the
+# decorator marks the test an expected failure (it must keep failing: when a
+# fix lands, unittest reports an unexpected success and the entry goes).
+#
+# linear_cross_entropy's chunked path picks its accumulation per (device type,
+# dtype) from a table measured on CUDA and the CPU: for half and bfloat16 the
+# CPU accumulates in float32 ("accurate"), an unlisted device in the input's
+# dtype ("compact"). acme gets the less precise choice by PyTorch's design, not
+# by a fault of its kernels; a user who wants the CPU's numbers passes
+# LinearCrossEntropyOptions(acc_policy="accurate").
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _known(test: str, dtypes=_HALF) -> DecorateInfo:
+    return DecorateInfo(unittest.expectedFailure, "TestConformance", test, dtypes=dtypes)
+
+
+ACME_OVERRIDES: dict[str, list[DecorateInfo]] = {
+    "nn.functional.linear_cross_entropy.chunked": [_known("test_backward")],
+    "nn.functional.linear_cross_entropy.chunked_none": [_known("test_forward"),
+                                                        _known("test_backward")],
+}
+
+PrivateUse1TestBase.set_test_configs(op_overrides=ACME_OVERRIDES)
+instantiate_device_type_tests(TestConformance, globals(), only_for="privateuse1")
