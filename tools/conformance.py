@@ -372,7 +372,9 @@ def main(argv=None) -> int:
             print(f"[{done}/{total}]", flush=True)
 
     run_ = run(args.stage, args.workers, args.select, args.quick, progress)
-    out = args.out or BUILD / "conformance" / ("quick.json" if args.quick else "results.json")
+    # Only a whole run replaces results.json, which the site's page shows.
+    name = "selection.json" if args.select else "quick.json" if args.quick else "results.json"
+    out = args.out or BUILD / "conformance" / name
     save(run_, out, stage=args.stage, quick=args.quick, select=args.select,
          command="python " + " ".join(["tools/conformance.py", *(argv or sys.argv[1:])]))
     print(describe(run_))
