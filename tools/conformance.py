@@ -331,14 +331,17 @@ def heatmap(results: list, strips: int = 4):
     cell = {(r["name"], r["kind"], r["dtype"]): order.index(r["status"]) for r in results
             if r["status"] in COLOURS}
     per_strip = -(-len(names) // strips) if names else 1
-    fig, axes = plt.subplots(strips, 1, figsize=(8.6, 1.35 * strips + 0.8), squeeze=False)
+    named = per_strip <= 40  # few enough ops per strip to name each one
+    label_room = 0.065 * max(map(len, names), default=0) if named else 0.0
+    fig, axes = plt.subplots(strips, 1, figsize=(8.6, (1.35 + label_room) * strips + 0.8),
+                             squeeze=False)
     for i, ax in enumerate(axes[:, 0]):
         chunk = names[i * per_strip:(i + 1) * per_strip]
         grid = [[cell.get((n, k, d), order.index("untested")) for n in chunk] for k, d in rows]
         ax.imshow(grid or [[0]], aspect="auto", interpolation="nearest",
                   cmap=ListedColormap(list(COLOURS.values())), vmin=0, vmax=len(order) - 1)
         ax.set_yticks(range(len(rows)), [f"{k[:3]} {d}" for k, d in rows], fontsize=5)
-        if len(chunk) <= 40:  # few enough to name each
+        if named:
             ax.set_xticks(range(len(chunk)), chunk, fontsize=6, rotation=90)
         else:  # the first and the last of the strip
             ax.set_xticks([0, len(chunk) - 1], [chunk[0], chunk[-1]], fontsize=5)
@@ -346,8 +349,8 @@ def heatmap(results: list, strips: int = 4):
     shown = {r["status"] for r in results} | {"untested"}
     fig.legend(handles=[Patch(facecolor=c, edgecolor="#bbbbbb", label=s)
                         for s, c in COLOURS.items() if s in shown],
-               loc="lower center", ncol=6, fontsize=6, frameon=False)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+               loc="upper center", ncol=6, fontsize=6, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
     return fig
 
 
