@@ -61,6 +61,9 @@ UNINITIALISED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty
 SAMPLES = int(os.environ.get("ACME_CONFORMANCE_SAMPLES", "0")) or None
 # A random op's outputs are pooled over this many seeds before comparing distributions.
 RANDOM_DRAWS = 100
+# The harness seeds through its own reference: during a random op's draws
+# torch.manual_seed itself is silenced (see _compare_random).
+_manual_seed = torch.manual_seed
 
 
 class Mismatch(AssertionError):
@@ -123,18 +126,18 @@ def _run(op, sample, device: str, seed: int = 0):
                          kwargs=_copy(sample.kwargs, device),
                          output_process_fn_grad=sample.output_process_fn_grad,
                          broadcasts_input=sample.broadcasts_input, name=sample.name)
-    _next_seed.append(seed)
-    torch.manual_seed(seed)
-    _next_seed.clear()
+    _manual_seed(seed)
     return inputs, op(inputs.input, *inputs.args, **inputs.kwargs)
 
 
-def _close(test, actual, expected) -> bool:
+def _differs(test, actual, expected, what: str) -> Exception:
+    """The failure for `actual` != `expected`: Close within the cross-device
+    tolerance, else Mismatch. `what` says which sample and how they differ."""
     try:
         TestCase.assertEqual(test, actual, expected, **CROSS_DEVICE_TOL)
     except AssertionError:
-        return False
-    return True
+        return Mismatch(what)
+    return Close(what)
 
 
 def _arguments(sample):
@@ -180,17 +183,6 @@ def _same_distribution(acme: torch.Tensor, cpu: torch.Tensor) -> str | None:
     return None
 
 
-_real_manual_seed = torch.manual_seed
-_next_seed: list[int] = []
-
-
-def _seed_once(seed):
-    """torch.manual_seed for the draws: the harness's call seeds, the op's own is skipped."""
-    if _next_seed:
-        return _real_manual_seed(_next_seed.pop())
-    return None
-
-
 class _SeededOps(TorchDispatchMode):
     """Notes whether any ATen op that draws random numbers ran."""
 
@@ -224,7 +216,7 @@ class TestConformance(TestCase):
         # Many random OpInfos seed themselves (wrapper_set_seed calls
         # torch.manual_seed(42)), so every draw would be the same draw: the
         # op's own call is silenced here and each draw gets its own seed.
-        with unittest.mock.patch.object(torch, "manual_seed", _seed_once):
+        with unittest.mock.patch.object(torch, "manual_seed", lambda seed: None):
             for device in (DEVICE, "cpu"):
                 draws = [_floats(_run(op, sample, device, seed=100 + i)[1]) for i in range(RANDOM_DRAWS)]
                 pooled[device] = torch.cat(draws)
@@ -269,10 +261,7 @@ class TestConformance(TestCase):
                 if self._is_random(op, sample):
                     self._compare_random(op, sample, acme_out)
                     continue
-                close = _close(self, _to_cpu(acme_out), cpu_out)
-                if close:
-                    raise Close(f"{_describe(sample)}\n{e}") from None
-                raise Mismatch(f"{_describe(sample)}\n{e}") from None
+                raise _differs(self, _to_cpu(acme_out), cpu_out, f"{_describe(sample)}\n{e}") from None
         if not ran:
             raise unittest.SkipTest(f"the CPU raised on all {cpu_failures} samples" if cpu_failures
                                     else "the CPU has no samples for this dtype")
@@ -306,9 +295,8 @@ class TestConformance(TestCase):
                         raise Mismatch(f"a random op's gradients differ between two runs with one "
                                        f"seed on {DEVICE}: {_describe(sample)}\n{e2}") from None
                     continue
-                if _close(self, _to_cpu(acme_grads), cpu_grads):
-                    raise Close(f"gradients: {_describe(sample)}\n{e}") from None
-                raise Mismatch(f"gradients: {_describe(sample)}\n{e}") from None
+                raise _differs(self, _to_cpu(acme_grads), cpu_grads,
+                               f"gradients: {_describe(sample)}\n{e}") from None
         if not ran:
             raise unittest.SkipTest("the CPU has no differentiable samples for this dtype")
 
@@ -366,9 +354,7 @@ class TestConformance(TestCase):
                         except AssertionError as e2:
                             raise Mismatch(f"a random module gave two results for one seed: {where}\n{e2}"
                                            ) from None
-                    if _close(self, _to_cpu(acme), cpu):
-                        raise Close(f"{where}\n{e}") from None
-                    raise Mismatch(f"{where}\n{e}") from None
+                    raise _differs(self, _to_cpu(acme), cpu, f"{where}\n{e}") from None
         if not ran:
             raise unittest.SkipTest("the CPU raised on every input")
 

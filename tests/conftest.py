@@ -147,3 +147,27 @@ def no_leaks(request):
     if after != before:
         after = device_memory_in_use(expect=before)  # collect, wait, then judge
     assert after == before, leak_message(before, after)
+
+
+def composites_where_the_cpu_has_a_kernel(composite_key: str) -> list[str]:
+    """ATen ops (with overload) that acme runs through a `composite_key` kernel
+    although the CPU has a kernel of its own: no PrivateUse1 kernel, so acme
+    gets the composite, which may round differently from the CPU's kernel."""
+    import torch
+
+    C = torch._C
+    found = []
+    for name in C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        for schema in C._jit_get_schemas_for_operator(name):
+            op = name + ("." + schema.overload_name if schema.overload_name else "")
+            try:
+                has = lambda key: C._dispatch_has_kernel_for_dispatch_key(op, key)  # noqa: E731
+                if not has("CPU") or has("PrivateUse1"):
+                    continue
+            except RuntimeError:
+                continue  # a TorchScript-only name
+            if has(composite_key):
+                found.append(op)
+    return found

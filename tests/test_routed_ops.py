@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_acme  # noqa: F401
+from conftest import composites_where_the_cpu_has_a_kernel
 from torch_acme import _build_info
 
 if _build_info.STAGE < 13:
@@ -435,25 +436,10 @@ def test_what_the_views_enable():
 
 def test_no_composite_runs_where_the_cpu_has_a_kernel():
     """The scan behind cpu_fallback.cpp's `ch13 register-cpu-kernels` block."""
-    C = torch._C
-    composite_instead = []
-    for name in C._dispatch_get_all_op_names():
-        if not name.startswith("aten::"):
-            continue
-        for schema in C._jit_get_schemas_for_operator(name):
-            op = name + ("." + schema.overload_name if schema.overload_name else "")
-            try:
-                has = lambda key: C._dispatch_has_kernel_for_dispatch_key(op, key)  # noqa: E731
-                if not has("CPU") or has("PrivateUse1"):
-                    continue
-            except RuntimeError:
-                continue  # a TorchScript-only name
-            # CompositeExplicitAutogradNonFunctional kernels call the op's out=
-            # form, which reaches the CPU kernel; CompositeImplicitAutograd ones
-            # run above autograd for every device without its own autograd kernel.
-            if has("CompositeExplicitAutograd"):
-                composite_instead.append(op)
-    assert composite_instead == []
+    # CompositeExplicitAutogradNonFunctional kernels call the op's out= form,
+    # which reaches the CPU kernel; CompositeImplicitAutograd ones are chapter
+    # 14's (tests/test_conformance.py).
+    assert composites_where_the_cpu_has_a_kernel("CompositeExplicitAutograd") == []
 
 
 def test_layer_norm_over_one_element_matches_cpu():

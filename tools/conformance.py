@@ -209,8 +209,7 @@ def run(stage: int = LAST, workers: int = 2, select: str | None = None, quick: b
     if select:
         tests = [t for t in tests if re.search(select, t)]
     # The slow tests first, so that no worker is left with one at the end.
-    tests.sort(key=lambda t: ["module", "backward"].index(parse(t)["kind"])
-               if parse(t)["kind"] in ("module", "backward") else 2)
+    tests.sort(key=lambda t: {"module": 0, "backward": 1}.get(parse(t)["kind"], 2))
     queue, run_ = list(reversed(tests)), Run()
     done = 0
 

@@ -217,12 +217,12 @@ def install_reader() -> None:
 def outdated_by_runs(app, env, added, changed, removed) -> list[str]:
     """Pages whose shown outputs changed although their text did not."""
     keys = {f"chapters/{notebook_name(c)}": RUNS[c["number"]][0] for c in chapters()}
-    bench = BUILD / "bench" / "results.json"
-    keys["docs/bench"] = str(bench.stat().st_mtime_ns) if bench.exists() else ""
-    for results in ("results.json", "quick.json"):
-        found = BUILD / "conformance" / results
-        keys[f"docs/conformance:{results}"] = str(found.stat().st_mtime_ns) if found.exists() else ""
-    keys["docs/conformance"] = keys.pop("docs/conformance:results.json") + keys.pop("docs/conformance:quick.json")
+    def written(*names: str) -> str:  # when the files a page reads were last written
+        return " ".join(str((BUILD / n).stat().st_mtime_ns) if (BUILD / n).exists() else "-"
+                        for n in names)
+
+    keys["docs/bench"] = written("bench/results.json")
+    keys["docs/conformance"] = written("conformance/results.json", "conformance/quick.json")
     before = getattr(env, "acme_output_keys", {})
     env.acme_output_keys = keys
     return [doc for doc, k in keys.items() if before.get(doc) != k and doc in env.found_docs]
