@@ -209,11 +209,31 @@ def ch14_conformance():
     return kept and torch.allclose(norm.running_mean.cpu(), torch.tensor([0.1, 0.3]))
 
 
+def ch15_custom_ops():
+    import torch
+    import torch_acme  # noqa: F401
+
+    # acme's own operators, in C++ (bias_gelu) and Python (swiglu), with
+    # gradients, and aten::rms_norm served by acme's fused kernel.
+    x = torch.linspace(-2, 2, 6).reshape(2, 3)
+    bias = torch.tensor([0.5, -1.0, 0.0])
+    on_device = x.to(device()).requires_grad_()
+    y = torch.ops.acme.bias_gelu(on_device, bias.to(device()))
+    y.sum().backward()
+    reference = x.clone().requires_grad_()
+    torch.nn.functional.gelu(reference + bias).sum().backward()
+    gated = torch.ops.acme.swiglu(x.to(device()), x.to(device())).cpu()
+    fused = "rms_norm.cpp" in torch._C._dispatch_dump_table("aten::rms_norm")
+    return (torch.allclose(y.detach().cpu(), torch.nn.functional.gelu(x + bias))
+            and torch.allclose(on_device.grad.cpu(), reference.grad)
+            and torch.allclose(gated, torch.nn.functional.silu(x) * x) and fused)
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
           11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops,
-          14: ch14_conformance}
+          14: ch14_conformance, 15: ch15_custom_ops}
 
 
 def main():

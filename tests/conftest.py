@@ -31,6 +31,11 @@ def stage_dir(number: int) -> Path:
     return BUILD / "stages" / f"stage-{number:02d}"
 
 
+# Chapter 15's stand-in third-party library (tests/third_party/boxkit), built
+# beside the stages: importable as `boxkit` with this on sys.path.
+THIRD_PARTY = BUILD / "third_party"
+
+
 def stage_env(number: int, **extra: str) -> dict[str, str]:
     """The environment a process needs to import stage `number`'s torch_acme."""
     env = dict(os.environ)

@@ -39,7 +39,7 @@ TABLE = Path(__file__).with_name("bad_inputs.toml")
 ROWS = tomllib.loads(TABLE.read_text())["row"]
 FIELDS = {"id", "topic", "title", "setup", "code", "error", "message", "demonstrates", "process",
           "stage", "backend", "env", "prepare"}
-TOPICS = ("devices", "memory", "ops", "autocast", "checkpoints", "stages")
+TOPICS = ("devices", "memory", "ops", "custom-ops", "autocast", "checkpoints", "stages")
 REQUIRED_IN_ISSUE = {  # the rows the issue asks for, by id
     "device-index-tensor", "device-index-set-device", "cross-device-op", "out-of-memory",
     "host-touch-device-memory", "autocast-dtype", "rename-twice", "checkpoint-without-backend",
@@ -58,8 +58,15 @@ def resolve(dotted: str) -> type:
     parts = dotted.split(".")
     if len(parts) == 1:
         return getattr(__import__("builtins"), dotted)
-    obj = importlib.import_module(parts[0])
-    for part in parts[1:]:
+    # The longest importable module prefix (a class may live in a submodule
+    # its package does not import), then attributes.
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+            break
+        except ImportError:
+            continue
+    for part in parts[split:]:
         obj = getattr(obj, part)
     return obj
 

@@ -110,6 +110,22 @@ def plan_stage(graph: Graph, stage_dir: Path, torch_libs: str) -> None:
     graph.all_targets += [str(lib), str(ext)]
 
 
+# A stand-in third-party library (chapter 15): its own package, linked against
+# PyTorch only, never against acme.
+THIRD_PARTY = ROOT / "tests" / "third_party" / "boxkit"
+
+
+def plan_third_party(graph: Graph, out: Path, torch_libs: str) -> Path:
+    package = out / "third_party" / "boxkit"
+    package.mkdir(parents=True, exist_ok=True)
+    write_if_changed(package / "__init__.py", (THIRD_PARTY / "__init__.py").read_text())
+    obj = graph.object_for(THIRD_PARTY, THIRD_PARTY / "nms.cpp", "cxx_torch")
+    library = package / "_boxkit.so"
+    graph.links.append(f"build {library}: link_plugin {obj}\n  torch_libs = {torch_libs}")
+    graph.all_targets.append(str(library))
+    return package.parent
+
+
 def write_ninja(graph: Graph, flags: dict[str, list[str]], sanitize: bool = False) -> Path:
     cc = "ccache g++" if shutil.which("ccache") else "g++"
     lines = [
@@ -132,6 +148,10 @@ def write_ninja(graph: Graph, flags: dict[str, list[str]], sanitize: bool = Fals
     lines += [
         "rule link_runtime",
         "  command = g++ -shared $ldflags -o $out $in -Wl,-soname,libacme_runtime.so",
+        "  description = LINK $out",
+        "",
+        "rule link_plugin",
+        "  command = g++ -shared $ldflags -o $out $in $torch_libs",
         "  description = LINK $out",
         "",
         "rule link_ext",
@@ -208,6 +228,7 @@ def build(upto: int | None, out: Path, kernels: bool, jobs: int, sanitize: bool 
         stage_dir = (out / "stages" / f"stage-{chapter.number:02d}").resolve()
         plan_stage(graph, stage_dir, " ".join(torch_libs))
         stage_dirs.append((chapter.number, stage_dir))
+    plan_third_party(graph, out, " ".join(torch_libs))
     ninja_path = write_ninja(graph, flags, sanitize)
     ninja = shutil.which("ninja") or "ninja"
     subprocess.run([ninja, "-f", str(ninja_path), f"-j{jobs}"], check=True, cwd=out)

@@ -194,3 +194,55 @@ def check_no_leaks() -> None:
             time.sleep(0.01)
         assert cached is None or cached["allocation.all.current"] == 0, (device, cached)
         assert in_use == (0, 0), (device, stats)
+
+
+def third_party_dir() -> Path:
+    """Where tools/build_stages.py builds chapter 15's stand-in library, boxkit."""
+    return Path(os.environ["ACME_STAGE_DIR"]).parent.parent / "third_party"
+
+
+_ROW = re.compile(r"^(\w+): (fallthrough )?registered at (\S+?)(?::\d+)? \[([^\]]+)\]$")
+
+
+def dispatch_rows(table: str, keys: list[str]) -> dict[str, str]:
+    """A dispatch table (torch._C._dispatch_dump_table) reduced to what serves each key.
+
+    "PrivateUse1: registered at .../rms_norm.cpp:77 [kernel]" becomes
+    "rms_norm.cpp"; PyTorch's own entries are named by kind.
+    """
+    found = {}
+    for line in table.splitlines():
+        match = _ROW.match(line.strip())
+        if not match or match.group(1) not in keys:
+            continue
+        _, fallthrough, where, kind = match.groups()
+        source = Path(where).name
+        if fallthrough:
+            found[match.group(1)] = f"fallthrough ({source})"
+        elif kind == "math kernel":
+            found[match.group(1)] = "composite (math kernel)"
+        elif source == "VariableFallbackKernel.cpp":
+            found[match.group(1)] = "autograd fallback"
+        elif source == "cpu_fallback.cpp":
+            found[match.group(1)] = "CPU fallback (cpu_fallback.cpp)"
+        elif source == "library.py":
+            found[match.group(1)] = "from Python (torch.library)"
+        else:
+            found[match.group(1)] = source
+    return {key: found.get(key, "-") for key in keys}
+
+
+def draw_dispatch_tables(ax, op: str, columns: dict[str, dict[str, str]]) -> None:
+    """One operator's dispatch keys (rows) in several stages (columns), as a table."""
+    keys = list(next(iter(columns.values())))
+    cells = [[column[key] for column in columns.values()] for key in keys]
+    ax.axis("off")
+    table = ax.table(cellText=cells, rowLabels=keys, colLabels=list(columns), loc="center",
+                     cellLoc="left")
+    table.auto_set_font_size(False)
+    table.set_fontsize(8.5)
+    table.scale(1, 1.35)
+    for (row, col), cell in table.get_celld().items():
+        if row > 0 and col >= 1 and cells[row - 1][col] != cells[row - 1][0]:
+            cell.set_facecolor("#fff2cc")  # changed by this chapter
+    ax.set_title(op, family="monospace", fontsize=10)

@@ -48,6 +48,11 @@ torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True,
     unsupported_dtype=UNSUPPORTED_DTYPES)
 #< ch09 generated-methods
+#> ch15 python-ops
+# Operators defined in Python (torch.ops.acme.swiglu): after the rename, so
+# their device kernels register under the device's name.
+from . import ops
+#< ch15 python-ops
 #< ch01 device-module
 
 __all__ = [
