@@ -16,6 +16,9 @@
 
 #include "aten/acme_check.h"
 #include "aten/allocator.h"
+//> ch16 storage-include
+#include "aten/storage.h"
+//< ch16 storage-include
 
 namespace acme {
 namespace {
@@ -30,8 +33,13 @@ at::Tensor empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
   TORCH_CHECK(!pin_memory.value_or(false), "acme tensors cannot be pinned");
   // The allocator serves the current device: make it the requested one.
   const c10::OptionalDeviceGuard guard(device);
-  return at::detail::empty_generic(size, device_allocator(), kAcmeKeys,
-                                   c10::dtype_or_default(dtype), memory_format);
+//> ch01 empty-generic < ch16 empty-acme
+//   return at::detail::empty_generic(size, device_allocator(), kAcmeKeys,
+//                                    c10::dtype_or_default(dtype), memory_format);
+//< ch01 empty-generic
+//> ch16 empty-acme
+  return empty_acme(size, c10::dtype_or_default(dtype), memory_format);
+//< ch16 empty-acme
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -41,8 +49,13 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<bool> pin_memory) {
   TORCH_CHECK(!pin_memory.value_or(false), "acme tensors cannot be pinned");
   const c10::OptionalDeviceGuard guard(device);
-  return at::detail::empty_strided_generic(size, stride, device_allocator(),
-                                           kAcmeKeys, c10::dtype_or_default(dtype));
+//> ch01 empty-strided-generic < ch16 empty-strided-acme
+//   return at::detail::empty_strided_generic(size, stride, device_allocator(),
+//                                            kAcmeKeys, c10::dtype_or_default(dtype));
+//< ch01 empty-strided-generic
+//> ch16 empty-strided-acme
+  return empty_strided_acme(size, stride, c10::dtype_or_default(dtype));
+//< ch16 empty-strided-acme
 }
 //< ch01 empty
 
@@ -97,6 +110,11 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
 at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source,
                                int64_t storage_offset, c10::IntArrayRef size,
                                c10::IntArrayRef stride) {
+//> ch16 set-device
+  // A storage on another device would leave an acme tensor pointing at memory
+  // acme cannot reach (PyTorch's own check; CPU and CUDA kernels run it too).
+  at::native::checkSetStorage(self, source, storage_offset, size, stride);
+//< ch16 set-device
   self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
   // An empty stride list means "contiguous".
   const auto contiguous = c10::contiguous_strides(size);

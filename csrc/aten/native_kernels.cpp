@@ -72,6 +72,9 @@
 #include "aten/acme_check.h"
 #include "aten/allocator.h"
 #include "aten/device_views.h"
+//> ch16 native-storage-include
+#include "aten/storage.h"
+//< ch16 native-storage-include
 
 namespace acme {
 namespace {
@@ -87,12 +90,18 @@ at::Tensor allocate(at::IntArrayRef sizes, at::IntArrayRef strides,
                     const at::TensorOptions& options) {
   const c10::DeviceGuard guard(options.device());
   const auto dtype = options.dtype().toScalarType();
-  if (strides.empty()) {
-    return at::detail::empty_generic(sizes, device_allocator(), kAcmeKeys, dtype,
-                                     options.memory_format_opt());
-  }
-  return at::detail::empty_strided_generic(sizes, strides, device_allocator(), kAcmeKeys,
-                                           dtype);
+//> ch10 allocate-generic < ch16 allocate-acme
+//   if (strides.empty()) {
+//     return at::detail::empty_generic(sizes, device_allocator(), kAcmeKeys, dtype,
+//                                      options.memory_format_opt());
+//   }
+//   return at::detail::empty_strided_generic(sizes, strides, device_allocator(), kAcmeKeys,
+//                                            dtype);
+//< ch10 allocate-generic
+//> ch16 allocate-acme
+  if (strides.empty()) return empty_acme(sizes, dtype, options.memory_format_opt());
+  return empty_strided_acme(sizes, strides, dtype);
+//< ch16 allocate-acme
 }
 
 // A structured op is ATen's `meta` (checks, broadcasting, type promotion,

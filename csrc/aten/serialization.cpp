@@ -11,6 +11,9 @@
 
 #include <string>
 #include <unordered_map>
+//> ch16 flags-include
+#include <map>
+//< ch16 flags-include
 
 namespace acme {
 namespace {
@@ -23,10 +26,23 @@ constexpr auto kAcme = c10::DeviceType::PrivateUse1;
 // installs a new object), so PyTorch's default BackendMeta::clone, which
 // shares the object with the tensor's detached copies (nn.Parameter,
 // state_dict()), is safe.
+//> ch07 format-meta-struct < ch16 tensor-meta-struct
+// struct AcmeFormatMeta final : c10::BackendMeta {
+//   explicit AcmeFormatMeta(int64_t tag) : tag(tag) {}
+//   const int64_t tag;
+// };
+//< ch07 format-meta-struct
+//> ch16 tensor-meta-struct
+// From chapter 16 it also keeps the flags other code sets through
+// torch._C._set_tensor_metadata, which were dropped before; tag -1 means
+// "flags only, no format tag".
 struct AcmeFormatMeta final : c10::BackendMeta {
-  explicit AcmeFormatMeta(int64_t tag) : tag(tag) {}
+  AcmeFormatMeta(int64_t tag, std::map<std::string, bool> flags)
+      : tag(tag), flags(std::move(flags)) {}
   const int64_t tag;
+  const std::map<std::string, bool> flags;
 };
+//< ch16 tensor-meta-struct
 
 // Eight bits are enough for a layout code and keep the checkpoint entry small.
 constexpr int kTagBits = 8;
@@ -37,9 +53,22 @@ const AcmeFormatMeta* format_meta(const at::Tensor& t) {
   return dynamic_cast<const AcmeFormatMeta*>(t.unsafeGetTensorImpl()->get_backend_meta());
 }
 
-void set_format(const at::Tensor& t, int64_t tag) {
-  t.unsafeGetTensorImpl()->set_backend_meta(c10::make_intrusive<AcmeFormatMeta>(tag));
+//> ch07 set-format < ch16 set-format
+// void set_format(const at::Tensor& t, int64_t tag) {
+//   t.unsafeGetTensorImpl()->set_backend_meta(c10::make_intrusive<AcmeFormatMeta>(tag));
+// }
+//< ch07 set-format
+//> ch16 set-format
+void set_meta(const at::Tensor& t, int64_t tag, std::map<std::string, bool> flags) {
+  t.unsafeGetTensorImpl()->set_backend_meta(
+      c10::make_intrusive<AcmeFormatMeta>(tag, std::move(flags)));
 }
+
+void set_format(const at::Tensor& t, int64_t tag) {
+  const auto* meta = format_meta(t);
+  set_meta(t, tag, meta ? meta->flags : std::map<std::string, bool>{});
+}
+//< ch16 set-format
 //< ch07 format-meta
 
 //> ch07 ops
@@ -68,6 +97,10 @@ std::string bit_key(int bit) { return kPresentKey + ".bit" + std::to_string(bit)
 void write_meta(const at::Tensor& t, std::unordered_map<std::string, bool>& metadata) {
   const auto* meta = format_meta(t);
   if (meta == nullptr) return;  // nothing written: the common case costs no space
+//> ch16 write-flags
+  for (const auto& [key, value] : meta->flags) metadata[key] = value;
+  if (meta->tag < 0) return;
+//< ch16 write-flags
   metadata[kPresentKey] = true;
   for (int bit = 0; bit < kTagBits; ++bit) metadata[bit_key(bit)] = (meta->tag >> bit) & 1;
 }
@@ -75,6 +108,17 @@ void write_meta(const at::Tensor& t, std::unordered_map<std::string, bool>& meta
 // Runs inside torch.load, on the rebuilt tensor if it is an acme tensor
 // (torch._C._set_tensor_metadata). Loaded to the CPU, the entry is ignored.
 void read_meta(const at::Tensor& t, std::unordered_map<std::string, bool>& metadata) {
+//> ch16 read-flags
+  // Every key that is not PyTorch's own nor acme's format tag is a flag.
+  std::map<std::string, bool> flags;
+  for (const auto& [key, value] : metadata)
+    if (key != "conj" && key != "neg" && key.rfind(kPresentKey, 0) != 0) flags[key] = value;
+  if (!flags.empty()) {
+    const auto* meta = format_meta(t);
+    if (meta) flags.insert(meta->flags.begin(), meta->flags.end());  // new values win
+    set_meta(t, meta ? meta->tag : -1, std::move(flags));
+  }
+//< ch16 read-flags
   const auto present = metadata.find(kPresentKey);
   if (present == metadata.end()) return;
   TORCH_CHECK(present->second, "acme: damaged checkpoint: '", kPresentKey, "' is false");

@@ -12,6 +12,9 @@
 //> ch11 bind-device-include
 #include "python/device_bindings.h"
 //< ch11 bind-device-include
+//> ch16 bind-ipc-include
+#include "python/ipc_bindings.h"
+//< ch16 bind-ipc-include
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native part of torch_acme: runtime bindings and the torch glue.";
@@ -30,4 +33,7 @@ PYBIND11_MODULE(_C, m) {
 //> ch11 bind-device
   acme_bind_device(m);
 //< ch11 bind-device
+//> ch16 bind-ipc
+  acme_bind_ipc(m);
+//< ch16 bind-ipc
 }

@@ -248,6 +248,9 @@ struct Allocation {
   char* view = nullptr;  // the device's view of base
   int slot = -1;         // fault-table slot (checked mode)
   acme::checked::Mapping mapping;
+//> ch16 imported
+  bool imported = false;  // opened from another process's handle
+//< ch16 imported
 
   ~Allocation() {
     if (mapping.device) {
@@ -536,19 +539,58 @@ acmeError_t acmeMallocOnDevice(void** devPtr, size_t size, int device) {
   auto a = std::make_shared<Allocation>();
   a->size = size;
   a->device = device;
+//> ch00 map-allocation < ch16 map-allocation
+//   if (c.checked) {
+//     acme::checked::install_fault_handler();
+//     const char* what = "";
+//     if (int err = acme::checked::map(size, &a->mapping, &what)) {
+//       unreserve();
+//       return fail(acmeErrorMemoryAllocation,
+//                   "out of memory on device %d: %s failed for %s: %s (checked mode maps each "
+//                   "allocation twice; ACME_CHECKED=0 avoids that)",
+//                   device, what, HumanSize(size).text, std::strerror(err));
+//     }
+//     a->base = reinterpret_cast<uintptr_t>(a->mapping.device);
+//     a->view = static_cast<char*>(a->mapping.view);
+//     a->span = a->mapping.span;
+//     // Registered before the pointer is handed out, so a fault on it is reported.
+//     a->slot = acme::checked::add(a->base, size, a->span, device);
+//     if (a->slot < 0) {
+//       unreserve();
+//       return fail(acmeErrorMemoryAllocation,
+//                   "out of memory on device %d: too many live allocations in checked mode",
+//                   device);
+//     }
+//   } else {
+//     // Rounded up because aligned_alloc wants a multiple of the alignment.
+//     const size_t rounded = size <= SIZE_MAX - 63 ? (size + 63) & ~size_t{63} : 0;
+//     void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+//     if (!p) {
+//       unreserve();
+//       return fail(acmeErrorMemoryAllocation,
+//                   "out of memory on device %d: the host could not provide %s", device,
+//                   HumanSize(size).text);
+//     }
+//     a->base = reinterpret_cast<uintptr_t>(p);
+//     a->view = static_cast<char*>(p);
+//     a->span = size;
+//   }
+//< ch00 map-allocation
+//> ch16 map-allocation
+  // Memory comes from a memfd in both modes, so that it can be shared with
+  // another process; checked mode maps it twice (see checked_memory.h).
+  if (c.checked) acme::checked::install_fault_handler();
+  const char* what = "";
+  if (int err = acme::checked::map(size, c.checked, &a->mapping, &what)) {
+    unreserve();
+    return fail(acmeErrorMemoryAllocation,
+                "out of memory on device %d: %s failed for %s: %s", device, what,
+                HumanSize(size).text, std::strerror(err));
+  }
+  a->base = reinterpret_cast<uintptr_t>(a->mapping.device);
+  a->view = static_cast<char*>(a->mapping.view);
+  a->span = a->mapping.span;
   if (c.checked) {
-    acme::checked::install_fault_handler();
-    const char* what = "";
-    if (int err = acme::checked::map(size, &a->mapping, &what)) {
-      unreserve();
-      return fail(acmeErrorMemoryAllocation,
-                  "out of memory on device %d: %s failed for %s: %s (checked mode maps each "
-                  "allocation twice; ACME_CHECKED=0 avoids that)",
-                  device, what, HumanSize(size).text, std::strerror(err));
-    }
-    a->base = reinterpret_cast<uintptr_t>(a->mapping.device);
-    a->view = static_cast<char*>(a->mapping.view);
-    a->span = a->mapping.span;
     // Registered before the pointer is handed out, so a fault on it is reported.
     a->slot = acme::checked::add(a->base, size, a->span, device);
     if (a->slot < 0) {
@@ -557,20 +599,8 @@ acmeError_t acmeMallocOnDevice(void** devPtr, size_t size, int device) {
                   "out of memory on device %d: too many live allocations in checked mode",
                   device);
     }
-  } else {
-    // Rounded up because aligned_alloc wants a multiple of the alignment.
-    const size_t rounded = size <= SIZE_MAX - 63 ? (size + 63) & ~size_t{63} : 0;
-    void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-    if (!p) {
-      unreserve();
-      return fail(acmeErrorMemoryAllocation,
-                  "out of memory on device %d: the host could not provide %s", device,
-                  HumanSize(size).text);
-    }
-    a->base = reinterpret_cast<uintptr_t>(p);
-    a->view = static_cast<char*>(p);
-    a->span = size;
   }
+//< ch16 map-allocation
 //> ch12 poison-new
   // Reading memory nobody wrote is a bug that zeroed pages hide: 0xff bytes
   // read as NaN in every floating-point type and as -1 in signed integers.
@@ -620,6 +650,13 @@ acmeError_t acmeFree(void* devPtr) {
                   "starts there)",
                   p);
     }
+//> ch16 free-imported
+    if (it->second->imported)
+      return fail(acmeErrorInvalidDevicePointer,
+                  "acmeFree(0x%" PRIxPTR "): this allocation was opened from another "
+                  "process's handle; close it with acmeIpcCloseMemHandle",
+                  p);
+//< ch16 free-imported
     a = std::move(it->second);
     r.live.erase(it);
     r.stats[a->device].bytes -= a->size;
@@ -738,4 +775,83 @@ acmeError_t acmeDeviceAccess(void** kernelView, const void* devPtr) {
   return acmeSuccess;
 }
 
+//> ch16 ipc-functions
+acmeError_t acmeIpcGetMemHandle(acmeIpcMemHandle* handle, size_t* offset, const void* devPtr) {
+  if (acmeError_t e = enter()) return e;
+  if (!handle || !offset)
+    return fail(acmeErrorInvalidValue, "acmeIpcGetMemHandle: handle or offset is NULL");
+  const auto p = reinterpret_cast<uintptr_t>(devPtr);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  AllocationRef a = r.containing(p);
+  if (!a || p - a->base >= a->size)
+    return fail(acmeErrorInvalidDevicePointer,
+                "acmeIpcGetMemHandle(0x%" PRIxPTR "): not inside a live device allocation", p);
+  *handle = {a->mapping.fd, a->size, a->device};
+  *offset = p - a->base;
+  return acmeSuccess;
+}
+
+acmeError_t acmeIpcOpenMemHandle(void** devPtr, acmeIpcMemHandle handle) {
+  if (acmeError_t e = enter()) return e;
+  if (!devPtr) return fail(acmeErrorInvalidValue, "acmeIpcOpenMemHandle: devPtr is NULL");
+  *devPtr = nullptr;
+  if (acmeError_t e = check_device(handle.device)) return e;
+  if (handle.fd < 0 || handle.size == 0)
+    return fail(acmeErrorInvalidValue, "acmeIpcOpenMemHandle: not a handle (fd %d, size %zu)",
+                handle.fd, handle.size);
+  const Config& c = config();
+  auto a = std::make_shared<Allocation>();
+  const char* what = "";
+  if (int err = acme::checked::map_existing(handle.fd, handle.size, c.checked, &a->mapping, &what))
+    return fail(acmeErrorInvalidValue,
+                "acmeIpcOpenMemHandle: fd %d is not the memory of a %zu-byte acme allocation "
+                "(%s: %s)", handle.fd, handle.size, what, std::strerror(err));
+  a->size = handle.size;
+  a->device = handle.device;
+  a->imported = true;
+  a->base = reinterpret_cast<uintptr_t>(a->mapping.device);
+  a->view = static_cast<char*>(a->mapping.view);
+  a->span = a->mapping.span;
+  if (c.checked) {
+    acme::checked::install_fault_handler();
+    a->slot = acme::checked::add(a->base, a->size, a->span, a->device);
+    if (a->slot < 0)
+      return fail(acmeErrorMemoryAllocation,
+                  "acmeIpcOpenMemHandle: too many live allocations in checked mode");
+  }
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  // Counted like this process's own allocations (not against its capacity:
+  // the memory was reserved by the process that allocated it).
+  Registry::Stats& s = r.stats[a->device];
+  s.bytes += a->size;
+  s.blocks += 1;
+  s.peak = std::max(s.peak, s.bytes);
+  r.live.emplace(a->base, a);
+  *devPtr = reinterpret_cast<void*>(a->base);
+  return acmeSuccess;
+}
+
+acmeError_t acmeIpcCloseMemHandle(void* devPtr) {
+  if (acmeError_t e = enter_uninitialized()) return e;
+  const auto p = reinterpret_cast<uintptr_t>(devPtr);
+  Registry& r = registry();
+  AllocationRef a;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.live.find(p);
+    if (it == r.live.end() || !it->second->imported)
+      return fail(acmeErrorInvalidDevicePointer,
+                  "acmeIpcCloseMemHandle(0x%" PRIxPTR "): not an allocation opened with "
+                  "acmeIpcOpenMemHandle", p);
+    a = std::move(it->second);
+    r.live.erase(it);
+    r.stats[a->device].bytes -= a->size;
+    r.stats[a->device].blocks -= 1;
+    if (a->slot >= 0) acme::checked::remove(a->slot);
+  }
+  return acmeSuccess;  // `a` unmaps now, or when the last in-flight copy ends
+}
+//< ch16 ipc-functions
 }  // extern "C"

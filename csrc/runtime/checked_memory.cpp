@@ -8,6 +8,10 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
+//> ch16 map-includes
+#include <fcntl.h>
+#include <sys/stat.h>
+//< ch16 map-includes
 
 #include <atomic>
 #include <cerrno>
@@ -186,7 +190,70 @@ struct SignalStack {
 
 }  // namespace
 
-int map(size_t size, Mapping* out, const char** what) {
+//> ch00 map < ch16 map
+// int map(size_t size, Mapping* out, const char** what) {
+//   const size_t page = page_size();
+//   if (size > SIZE_MAX - page) {
+//     *what = "size";
+//     return ENOMEM;
+//   }
+//   const size_t span = (size + page - 1) / page * page;
+//   const int fd = memfd_create("acme-device-memory", MFD_CLOEXEC);
+//   if (fd < 0) {
+//     *what = "memfd_create";
+//     return errno;
+//   }
+//   int err = 0;
+//   void* device = MAP_FAILED;
+//   void* view = MAP_FAILED;
+//   if (ftruncate(fd, static_cast<off_t>(span)) != 0) {
+//     *what = "ftruncate";
+//     err = errno;
+//   } else if ((device = mmap(nullptr, span, PROT_NONE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+//     *what = "mmap";
+//     err = errno;
+//   } else if ((view = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+//              MAP_FAILED) {
+//     *what = "mmap";
+//     err = errno;
+//     munmap(device, span);
+//   }
+//   close(fd);  // the two mappings keep the memory alive
+//   if (err) return err;
+//   *out = {device, view, span};
+//   return 0;
+// }
+//
+// void unmap(const Mapping& m) {
+//   munmap(m.device, m.span);
+//   munmap(m.view, m.span);
+// }
+//< ch00 map
+//> ch16 map
+namespace {
+
+// Maps `span` bytes of `fd`: a PROT_NONE device mapping and a read-write view
+// when checked, else one read-write mapping serving as both.
+int map_fd(int fd, size_t span, bool checked, Mapping* out, const char** what) {
+  void* view = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (view == MAP_FAILED) {
+    *what = "mmap";
+    return errno;
+  }
+  void* device = view;
+  if (checked && (device = mmap(nullptr, span, PROT_NONE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+    *what = "mmap";
+    const int err = errno;
+    munmap(view, span);
+    return err;
+  }
+  *out = {device, view, span, fd};
+  return 0;
+}
+
+}  // namespace
+
+int map(size_t size, bool checked, Mapping* out, const char** what) {
   const size_t page = page_size();
   if (size > SIZE_MAX - page) {
     *what = "size";
@@ -199,30 +266,44 @@ int map(size_t size, Mapping* out, const char** what) {
     return errno;
   }
   int err = 0;
-  void* device = MAP_FAILED;
-  void* view = MAP_FAILED;
   if (ftruncate(fd, static_cast<off_t>(span)) != 0) {
     *what = "ftruncate";
     err = errno;
-  } else if ((device = mmap(nullptr, span, PROT_NONE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
-    *what = "mmap";
-    err = errno;
-  } else if ((view = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
-             MAP_FAILED) {
-    *what = "mmap";
-    err = errno;
-    munmap(device, span);
+  } else {
+    err = map_fd(fd, span, checked, out, what);
   }
-  close(fd);  // the two mappings keep the memory alive
-  if (err) return err;
-  *out = {device, view, span};
-  return 0;
+  if (err) close(fd);  // else kept in out->fd, for sharing
+  return err;
+}
+
+int map_existing(int fd, size_t size, bool checked, Mapping* out, const char** what) {
+  const size_t page = page_size();
+  const size_t span = (size + page - 1) / page * page;
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    *what = "fstat";
+    return errno;
+  }
+  if (static_cast<size_t>(st.st_size) < span) {
+    *what = "the handle's size";
+    return EINVAL;  // not the memory the handle says it is
+  }
+  const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) {
+    *what = "dup";
+    return errno;
+  }
+  const int err = map_fd(own, span, checked, out, what);
+  if (err) close(own);
+  return err;
 }
 
 void unmap(const Mapping& m) {
-  munmap(m.device, m.span);
+  if (m.device != m.view) munmap(m.device, m.span);
   munmap(m.view, m.span);
+  if (m.fd >= 0) close(m.fd);
 }
+//< ch16 map
 
 int add(uintptr_t base, size_t size, size_t span, int device) {
   std::lock_guard<std::mutex> lock(slot_mutex);

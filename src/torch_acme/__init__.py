@@ -53,6 +53,10 @@ torch.utils.generate_methods_for_privateuse1_backend(
 # their device kernels register under the device's name.
 from . import ops
 #< ch15 python-ops
+#> ch16 register-multiprocessing
+# acme tensors through torch.multiprocessing: registers the reducers.
+from . import multiprocessing
+#< ch16 register-multiprocessing
 #< ch01 device-module
 
 __all__ = [

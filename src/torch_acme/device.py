@@ -464,3 +464,11 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     out.append(line)
     return "\n".join(out)
 #< ch12 memory
+#> ch16 ipc-collect
+
+
+def ipc_collect() -> None:
+    """Release device memory this process sent to others once they have all let it
+    go (torch.cuda.ipc_collect). Sending runs it too."""
+    _C._ipc_collect()
+#< ch16 ipc-collect

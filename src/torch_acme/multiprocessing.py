@@ -1,0 +1,124 @@
+#@ ch16
+"""acme tensors through torch.multiprocessing: queues, pipes, spawn arguments,
+DataLoader workers.
+
+PyTorch shares a CPU tensor's memory through shared memory and a CUDA tensor's
+through CUDA IPC; for any other device its reducer would pickle the storage as
+CPU memory and fail. This module registers reducers that share acme memory the
+way CUDA's is shared: the receiver maps the sender's device memory (no copy),
+and the sender keeps it alive until the receiver lets go.
+"""
+
+import os
+import threading
+import warnings
+from multiprocessing.reduction import DupFd, ForkingPickler
+
+import torch
+from torch.multiprocessing import reductions as torch_reductions
+
+from . import DEVICE_NAME, _C
+
+_torch_reduce_tensor = torch_reductions.reduce_tensor
+_torch_reduce_storage = torch_reductions.reduce_storage
+
+
+#> ch16 reduce
+def reduce_tensor(tensor):
+    if tensor.device.type != DEVICE_NAME:
+        return _torch_reduce_tensor(tensor)
+    try:
+        return _reduce_acme_tensor(tensor)
+    except Exception as error:
+        if threading.current_thread().name != "QueueFeederThread":
+            raise  # pickled by the caller (Pipe.send, spawn arguments): raise there
+        # multiprocessing.Queue pickles in a background thread that only prints
+        # an exception and drops the item: its consumer would wait forever.
+        # Send the error instead, and say so here too.
+        warnings.warn(f"acme: a tensor put on a queue cannot be shared: {error}")
+        return _raise, (type(error), str(error))
+
+
+def _reduce_acme_tensor(tensor):
+    if tensor.requires_grad and not tensor.is_leaf:
+        raise RuntimeError(
+            "acme: cannot share a non-leaf tensor that requires grad: autograd does not "
+            "cross processes. Send tensor.detach() instead.")
+    if tensor.layout != torch.strided:
+        raise RuntimeError(f"acme: cannot share a {tensor.layout} tensor between processes")
+    meta = (type(tensor), tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset(),
+            tensor.dtype, tensor.requires_grad, tensor.device.index)
+    if tensor.untyped_storage().nbytes() == 0:
+        return _rebuild_empty, meta
+    device, memory_fd, memory_size, offset, nbytes, counter_fd = _C._share(tensor)
+    # DupFd duplicates each descriptor now; the receiver collects its copies.
+    shared = (DupFd(memory_fd), memory_size, offset, nbytes, DupFd(counter_fd), os.getpid())
+    return _rebuild_acme_tensor, meta + shared
+#< ch16 reduce
+
+
+#> ch16 rebuild
+def _rebuild_acme_tensor(cls, size, stride, storage_offset, dtype, requires_grad, device,
+                         memory, memory_size, offset, nbytes, counter, sender):
+    try:
+        memory_fd, counter_fd = memory.detach(), counter.detach()
+    except OSError as error:
+        raise RuntimeError(
+            f"acme: the process that sent this tensor (pid {sender}) exited before it was "
+            f"received, and its memory with it. Keep a sending process alive until its "
+            f"receivers have taken what it sent.") from error
+    try:
+        whole = _C._open_shared(device, memory_fd, memory_size, offset, nbytes, counter_fd,
+                                sender)
+    finally:
+        os.close(memory_fd)
+        os.close(counter_fd)
+    tensor = torch.empty(0, dtype=dtype, device=whole.device)
+    tensor.set_(whole.untyped_storage(), storage_offset, size, stride)
+    return _as(cls, tensor, requires_grad)
+
+
+def _rebuild_empty(cls, size, stride, storage_offset, dtype, requires_grad, device):
+    tensor = torch.empty_strided(size, stride, dtype=dtype, device=f"{DEVICE_NAME}:{device}")
+    return _as(cls, tensor, requires_grad)
+
+
+def _as(cls, tensor, requires_grad):
+    if cls is torch.nn.Parameter:
+        return torch.nn.Parameter(tensor, requires_grad)
+    tensor.requires_grad_(requires_grad)
+    return tensor
+
+
+def _raise(kind, message):
+    raise kind(message)
+#< ch16 rebuild
+
+
+#> ch16 storages
+def reduce_storage(storage):
+    if storage.device.type != DEVICE_NAME:
+        return _torch_reduce_storage(storage)
+    whole = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    return _storage_of, (reduce_tensor(whole),)
+
+
+def _storage_of(reduced):
+    rebuild, args = reduced
+    return rebuild(*args).untyped_storage()
+#< ch16 storages
+
+
+#> ch16 register
+# torch.multiprocessing registered its reducers when torch was imported; these
+# take their place, and hand every other device's tensors back to them.
+for _cls in [torch.Tensor, torch.nn.Parameter, *torch._tensor_classes]:
+    ForkingPickler.register(_cls, reduce_tensor)
+ForkingPickler.register(torch.UntypedStorage, reduce_storage)
+
+
+def ipc_collect() -> int:
+    """Release memory sent to other processes that they have all let go of
+    (as torch.cuda.ipc_collect). Returns how many sent storages are still held."""
+    return _C._ipc_collect()
+#< ch16 register

@@ -1,0 +1,78 @@
+"""Processes for tests/test_ipc.py. They are started with the "spawn" method,
+which imports their functions by module name, so they live in a module."""
+
+import torch
+import torch_acme
+
+DEVICE = torch_acme.DEVICE_NAME
+
+
+def allocated() -> int:
+    """Bytes of acme tensors alive on device 0 (the caching allocator's count)."""
+    import gc
+
+    gc.collect()
+    return torch.acme.memory_allocated(0)
+
+
+def opened() -> int:
+    """Bytes of device memory this process holds from the runtime: with nothing
+    allocated and the cache emptied, what is left was opened from other processes."""
+    torch.acme.empty_cache()
+    return torch_acme.runtime.memory_stats(0)["bytes_in_use"]
+
+
+def send_and_forget(queue, received, report):
+    """Sends tensors, drops every reference, then reuses memory as hard as it can:
+    a receiver must still see what was sent."""
+    baseline = allocated()
+    x = torch.arange(64.0, device=DEVICE).reshape(8, 8)
+    queue.put(x)
+    queue.put(x[2:5, 1:7])  # a view: the same storage, at an offset
+    queue.put(torch.nn.Parameter(torch.full((3,), 2.5, device=DEVICE)))
+    queue.put(torch.empty(0, 4, device=DEVICE))
+    queue.put(torch.tensor([1, 2, 3], dtype=torch.int16, device=DEVICE))
+    del x
+    # Fill the freed sizes again: a block given back too early would be reused here.
+    fillers = [torch.full((8, 8), -1.0, device=DEVICE) for _ in range(4)]
+    received.wait(60)
+    still_held = torch_acme.multiprocessing.ipc_collect()
+    del fillers
+    report.put((still_held, allocated() - baseline))
+
+
+def write_row(rank, shared):
+    """mp.spawn's function: writes its rank into its row of a shared tensor."""
+    shared[rank].fill_(rank + 1)
+
+
+class AcmeDataset(torch.utils.data.Dataset):
+    """Items made on acme in the worker that loads them."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, index):
+        return torch.full((4,), float(index), device=DEVICE), index
+
+
+def put_then_exit(queue):
+    """Puts a tensor and exits at once, before anyone receives it."""
+    queue.put(torch.ones(3, device=DEVICE))
+
+
+def put_non_leaf(queue):
+    """Puts a tensor autograd is tracking: it cannot cross processes."""
+    leaf = torch.ones(3, device=DEVICE, requires_grad=True)
+    queue.put(leaf * 2)
+
+
+def receive_and_die(queue, got):
+    """Receives a tensor and is killed while holding it: no chance to release."""
+    import os
+    import signal
+
+    kept = queue.get(timeout=60)
+    got.set()
+    os.kill(os.getpid(), signal.SIGKILL)
+    return kept
