@@ -229,11 +229,30 @@ def ch15_custom_ops():
             and torch.allclose(gated, torch.nn.functional.silu(x) * x) and fused)
 
 
+def ch16_storage():
+    import multiprocessing
+
+    import torch
+    import torch_acme  # noqa: F401
+
+    # An acme tensor through a pipe arrives as a second mapping of the same
+    # memory (a write through one is seen through the other), and tensor
+    # metadata set from Python survives.
+    sending, receiving = multiprocessing.get_context("spawn").Pipe()
+    sent = torch.zeros(3, device=device())
+    torch._C._set_tensor_metadata(sent, {"probe": True})
+    sending.send(sent)
+    received = receiving.recv()
+    received.fill_(4.0)
+    return (torch.equal(sent.cpu(), torch.full((3,), 4.0))
+            and torch._C._get_tensor_metadata(sent).get("probe") is True)
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
           11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops,
-          14: ch14_conformance, 15: ch15_custom_ops}
+          14: ch14_conformance, 15: ch15_custom_ops, 16: ch16_storage}
 
 
 def main():

@@ -22,9 +22,9 @@ def opened() -> int:
     return torch_acme.runtime.memory_stats(0)["bytes_in_use"]
 
 
-def send_and_forget(queue, received, report):
-    """Sends tensors, drops every reference, then reuses memory as hard as it can:
-    a receiver must still see what was sent."""
+def send_and_forget(queue, received, refilled, report):
+    """Sends tensors, drops every reference once they are received, collects, then
+    reuses memory as hard as it can: the receiver must still see what was sent."""
     baseline = allocated()
     x = torch.arange(64.0, device=DEVICE).reshape(8, 8)
     queue.put(x)
@@ -32,13 +32,16 @@ def send_and_forget(queue, received, report):
     queue.put(torch.nn.Parameter(torch.full((3,), 2.5, device=DEVICE)))
     queue.put(torch.empty(0, 4, device=DEVICE))
     queue.put(torch.tensor([1, 2, 3], dtype=torch.int16, device=DEVICE))
-    del x
-    # Fill the freed sizes again: a block given back too early would be reused here.
-    fillers = [torch.full((8, 8), -1.0, device=DEVICE) for _ in range(4)]
     received.wait(60)
+    del x
+    held = torch_acme.multiprocessing.ipc_collect()
+    # Fill the freed sizes again: a block given back too early would be reused here.
+    fillers = [torch.full((8, 8), -1.0, device=DEVICE) for _ in range(8)]
+    refilled.set()
+    queue.get(timeout=60)  # the receiver is done
     still_held = torch_acme.multiprocessing.ipc_collect()
     del fillers
-    report.put((still_held, allocated() - baseline))
+    report.put((held, still_held, allocated() - baseline))
 
 
 def write_row(rank, shared):
@@ -76,3 +79,21 @@ def receive_and_die(queue, got):
     got.set()
     os.kill(os.getpid(), signal.SIGKILL)
     return kept
+
+
+def hold_until(queue, report, release):
+    """Receives a tensor, reports what it maps, and lets go when told to."""
+    import gc
+
+    held = queue.get(timeout=60)
+    report.put(("received", opened(), held.sum().item()))
+    release.wait(60)
+    del held
+    gc.collect()
+    report.put(("released", opened(), None))
+
+
+def return_and_exit(tensor, queue, received):
+    """Shares a tensor it received back to its sender, then exits once it is taken."""
+    queue.put(tensor)
+    received.wait(60)

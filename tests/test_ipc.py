@@ -38,16 +38,17 @@ def quiet():
 
 
 def test_queue_carries_tensors_the_sender_no_longer_holds():
-    q, received, report = spawn.Queue(), spawn.Event(), spawn.Queue()
-    sender = spawn.Process(target=ipc_workers.send_and_forget, args=(q, received, report))
+    q, received, refilled, report = spawn.Queue(), spawn.Event(), spawn.Event(), spawn.Queue()
+    sender = spawn.Process(target=ipc_workers.send_and_forget,
+                           args=(q, received, refilled, report))
     sender.start()
     try:
         whole, view, param, empty, ints = (q.get(timeout=60) for _ in range(5))
+        received.set()
+        assert refilled.wait(60)  # the sender dropped them, collected, allocated again
         expected = torch.arange(64.0).reshape(8, 8)
         assert whole.device.type == DEVICE and torch.equal(whole.cpu(), expected)
         assert torch.equal(view.cpu(), expected[2:5, 1:7])
-        assert view.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr() or \
-            torch_acme._C._storage_info(view)["shared_by_pid"] == sender.pid
         assert type(param) is torch.nn.Parameter and param.requires_grad
         assert torch.equal(param.detach().cpu(), torch.full((3,), 2.5))
         assert empty.shape == (0, 4) and empty.device.type == DEVICE
@@ -57,13 +58,14 @@ def test_queue_carries_tensors_the_sender_no_longer_holds():
         del whole, view, param, empty, ints
         gc.collect()
         assert ipc_workers.opened() == 0  # every mapping of the sender's memory closed
-        received.set()
-        still_held, leaked = report.get(timeout=60)
+        q.put("done")
+        held, still_held, leaked = report.get(timeout=60)
     finally:
         received.set()
         sender.join(60)
     assert sender.exitcode == 0
-    assert still_held == 0 and leaked == 0  # the sender got all of its memory back
+    assert held > 0  # while received tensors lived, the sender kept their storages
+    assert still_held == 0 and leaked == 0  # then it got all of its memory back
 
 
 def test_receiver_writes_are_seen_by_the_sender():
@@ -125,19 +127,22 @@ def test_receiving_after_the_sender_exited_raises():
 
 
 def test_a_received_tensor_outlives_its_sender():
-    q, received, report = spawn.Queue(), spawn.Event(), spawn.Queue()
-    sender = spawn.Process(target=ipc_workers.send_and_forget, args=(q, received, report))
+    q, received = spawn.Queue(), spawn.Event()
+    # The child gets a tensor as its argument, puts it back (sharing it again,
+    # now as its sender) and exits once this process has received it.
+    t = torch.arange(5.0, device=DEVICE)
+    sender = spawn.Process(target=ipc_workers.return_and_exit, args=(t, q, received))
     sender.start()
-    whole = q.get(timeout=60)
-    rest = [q.get(timeout=60) for _ in range(4)]
+    back = q.get(timeout=60)
     received.set()
-    report.get(timeout=60)
     sender.join(60)
-    assert not sender.is_alive()
+    assert sender.exitcode == 0
+    assert torch_acme._C._storage_info(back)["shared_by_pid"] == sender.pid
     # The memory stays mapped here after the sender is gone, and still works.
-    assert torch.equal((whole * 2).cpu(), torch.arange(64.0).reshape(8, 8) * 2)
-    del whole, rest
+    assert torch.equal((back * 2).cpu(), torch.arange(5.0) * 2)
+    del back, t
     gc.collect()
+    assert torch_acme.multiprocessing.ipc_collect() == 0
     assert ipc_workers.opened() == 0
 
 

@@ -5,6 +5,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
 #include <torch/library.h>
+//> ch16 shallow-copy-include
+
+#include "aten/packed_weights.h"
+//< ch16 shallow-copy-include
 
 namespace acme {
 namespace {
@@ -20,6 +24,12 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
   auto dense = [](const at::Tensor& t) {
     return t.layout() == c10::kStrided && (t.is_cpu() || t.is_privateuseone());
   };
+//> ch16 shallow-copy-packed
+  // A packed weight (chapter 16) is an OpaqueTensorImpl, whose layout reads as
+  // strided: it must never lend its metadata to an ordinary tensor, nor take
+  // an ordinary tensor's (param.data = packed would break the parameter).
+  if (is_packed(self) != is_packed(from)) return false;
+//< ch16 shallow-copy-packed
   if (dense(self) && dense(from)) return true;
   return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
 }

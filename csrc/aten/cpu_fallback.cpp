@@ -10,6 +10,9 @@
 #include <unordered_set>
 
 #include "aten/cpu_fallback.h"
+//> ch16 packed-include
+#include "aten/packed_weights.h"
+//< ch16 packed-include
 
 namespace acme {
 
@@ -131,6 +134,27 @@ void refuse_host_outputs(const c10::OperatorHandle& op, const torch::jit::Stack&
 }
 //< ch13 out-device
 
+//> ch16 refuse-packed
+// A packed weight has no storage to copy to the host: only its own operators
+// can read it. Say so, instead of failing inside the copy.
+void refuse_packed_weights(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  auto check = [&](const at::Tensor& t) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!is_packed(t), "acme: ", op.schema().operator_name(),
+                                " cannot take a packed weight (from acme::pack_linear_weight): "
+                                "it has no strided storage. Only acme::packed_linear reads it; "
+                                "acme::unpack_linear_weight gives back an ordinary tensor.");
+  };
+  const size_t n_args = op.schema().arguments().size();
+  for (auto it = stack.end() - n_args; it != stack.end(); ++it) {
+    if (it->isTensor()) {
+      check(it->toTensor());
+    } else if (it->isTensorList()) {
+      for (const at::Tensor& t : it->toTensorList()) check(t);
+    }
+  }
+}
+//< ch16 refuse-packed
+
 //> ch02 fallback
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   refuse_views(op);
@@ -140,6 +164,9 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 //> ch13 out-device-call
   refuse_host_outputs(op, *stack);
 //< ch13 out-device-call
+//> ch16 refuse-packed-call
+  refuse_packed_weights(op, *stack);
+//< ch16 refuse-packed-call
   warn_once(op, "(inputs copied to the host, results copied back).");
   const size_t n_args = op.schema().arguments().size();
   const torch::jit::Stack args(stack->end() - n_args, stack->end());

@@ -163,17 +163,24 @@ size_t collect_shared() {
 //> ch16 open
 at::Tensor open_shared_storage(const SharedStorage& shared, int64_t sender_pid) {
   void* base = nullptr;
-  ACME_CHECK(acmeIpcOpenMemHandle(&base, {shared.memory_fd, shared.memory_size, shared.device}));
-  TORCH_CHECK(shared.offset + shared.nbytes <= shared.memory_size,
-              "acme: a shared storage of ", shared.nbytes, " bytes at offset ", shared.offset,
-              " does not fit its ", shared.memory_size, "-byte allocation");
+  const acmeError_t opened =
+      acmeIpcOpenMemHandle(&base, {shared.memory_fd, shared.memory_size, shared.device});
+  if (opened != acmeSuccess) close(shared.counter_fd);
+  ACME_CHECK(opened);
+  if (shared.offset + shared.nbytes > shared.memory_size) {
+    close(shared.counter_fd);
+    acmeIpcCloseMemHandle(base);
+    TORCH_CHECK(false, "acme: a shared storage of ", shared.nbytes, " bytes at offset ",
+                shared.offset, " does not fit its ", shared.memory_size, "-byte allocation");
+  }
+  // The lease's descriptor stays open while the storage lives, and is the
+  // only one: closing any descriptor of a file drops the process's locks on it.
+  const int lease_fd = shared.counter_fd;
   std::atomic<int64_t>* counter = nullptr;
-  const int lease_fd = fcntl(shared.counter_fd, F_DUPFD_CLOEXEC, 0);
   try {
-    TORCH_CHECK(lease_fd >= 0, "acme: cannot keep a shared tensor's lease: ", std::strerror(errno));
-    counter = open_counter(shared.counter_fd);
+    counter = open_counter(lease_fd);
   } catch (...) {
-    if (lease_fd >= 0) close(lease_fd);
+    close(lease_fd);
     acmeIpcCloseMemHandle(base);
     throw;
   }

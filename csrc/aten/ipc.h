@@ -25,7 +25,8 @@ struct SharedStorage {
 SharedStorage share_storage(const at::Tensor& tensor);
 
 // Opens storage another process shared, as a 1-D uint8 tensor over all of it.
-// Takes copies of the descriptors; the caller still owns its own.
+// The runtime takes a copy of memory_fd (the caller still owns it); counter_fd
+// becomes the storage's, closed when the storage dies.
 at::Tensor open_shared_storage(const SharedStorage& shared, int64_t sender_pid);
 
 // Lets go of every shared storage all receivers have released; returns how

@@ -65,14 +65,15 @@ def _rebuild_acme_tensor(cls, size, stride, storage_offset, dtype, requires_grad
     except OSError as error:
         raise RuntimeError(
             f"acme: the process that sent this tensor (pid {sender}) exited before it was "
-            f"received, and its memory with it. Keep a sending process alive until its "
-            f"receivers have taken what it sent.") from error
+            f"received, so its memory cannot be opened. Keep a sending process alive until "
+            f"its receivers have taken what it sent.") from error
     try:
+        # counter_fd becomes the storage's: it holds the lease's lock, which
+        # closing any descriptor of that file would drop.
         whole = _C._open_shared(device, memory_fd, memory_size, offset, nbytes, counter_fd,
                                 sender)
     finally:
         os.close(memory_fd)
-        os.close(counter_fd)
     tensor = torch.empty(0, dtype=dtype, device=whole.device)
     tensor.set_(whole.untyped_storage(), storage_offset, size, stride)
     return _as(cls, tensor, requires_grad)
