@@ -30,6 +30,16 @@ def row(op, key):
 
 def register():
     return runpy.run_path({path!r})
+
+def count_backward_calls(function):
+    """Wraps an autograd.Function's backward; returns the list of devices it saw."""
+    calls = []
+    backward = function.backward
+    def counted(ctx, grad):
+        calls.append(grad.device.type)
+        return backward(ctx, grad)
+    function.backward = staticmethod(counted)
+    return calls
 """
 
 
@@ -132,12 +142,7 @@ def test_ch03_tanh_autograd_from_python_at_stage_2(request):
         assert "VariableType" in row("aten::tanh", "AutogradCPU")
         assert torch.sin(x).grad_fn.name() == "SinBackward0"
 
-        calls = []
-        backward = path["AcmeTanh"].backward
-        def counted(ctx, grad):
-            calls.append(grad.device.type)
-            return backward(ctx, grad)
-        path["AcmeTanh"].backward = staticmethod(counted)
+        calls = count_backward_calls(path["AcmeTanh"])
 
         y = torch.tanh(x)
         assert y.grad_fn.name() == "AcmeTanhBackward", y.grad_fn.name()
@@ -171,12 +176,7 @@ def test_ch03_python_kernel_replaces_the_cpp_one_at_stage_3(request):
         tanh_row = row("aten::tanh", "AutogradPrivateUse1")
         assert "ch03_autograd.py" in tanh_row and "[kernel]" in tanh_row, tanh_row
 
-        calls = []
-        backward = path["AcmeTanh"].backward
-        def counted(ctx, grad):
-            calls.append(grad.device.type)
-            return backward(ctx, grad)
-        path["AcmeTanh"].backward = staticmethod(counted)
+        calls = count_backward_calls(path["AcmeTanh"])
 
         x_cpu = torch.tensor([0.5, -1.0, 2.0])
         x = x_cpu.to("privateuseone").requires_grad_()
