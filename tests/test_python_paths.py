@@ -32,7 +32,7 @@ def register():
     return runpy.run_path({path!r})
 
 def count_backward_calls(function):
-    """Wraps an autograd.Function's backward; returns the list of devices it saw."""
+    # Wraps an autograd.Function's backward; returns the list of devices it saw.
     calls = []
     backward = function.backward
     def counted(ctx, grad):
