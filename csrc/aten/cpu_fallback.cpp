@@ -83,16 +83,12 @@ void move_results_to(c10::Device device, const c10::OperatorHandle& op,
 // devices 0 and 1 alike to the host and compute with both, hiding a bug that
 // every real accelerator reports; refuse it as PyTorch's own kernels do. CPU
 // tensors (0-dim scalars above all) stay allowed, as before.
-void refuse_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  std::optional<c10::Device> first;
-  auto check = [&](const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kAcme) return;
-    if (!first) first = t.device();
-    TORCH_CHECK(t.device() == *first,
-                "Expected all tensors to be on the same device, but found at least two devices, ",
-                *first, " and ", t.device(), "! (checked by acme's CPU fallback for ",
-                op.schema().operator_name(), ")");
-  };
+
+// Calls `check` on every tensor among op's arguments on the stack, including
+// those inside tensor lists.
+template <class Check>
+void for_each_tensor_argument(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                              const Check& check) {
   const size_t n_args = op.schema().arguments().size();
   for (auto it = stack.end() - n_args; it != stack.end(); ++it) {
     if (it->isTensor()) {
@@ -104,6 +100,19 @@ void refuse_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack
         if (t) check(*t);
     }
   }
+}
+
+void refuse_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  std::optional<c10::Device> first;
+  auto check = [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kAcme) return;
+    if (!first) first = t.device();
+    TORCH_CHECK(t.device() == *first,
+                "Expected all tensors to be on the same device, but found at least two devices, ",
+                *first, " and ", t.device(), "! (checked by acme's CPU fallback for ",
+                op.schema().operator_name(), ")");
+  };
+  for_each_tensor_argument(op, stack, check);
 }
 //< ch06 same-device
 //> ch13 out-device
@@ -138,20 +147,12 @@ void refuse_host_outputs(const c10::OperatorHandle& op, const torch::jit::Stack&
 // A packed weight has no storage to copy to the host: only its own operators
 // can read it. Say so, instead of failing inside the copy.
 void refuse_packed_weights(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  auto check = [&](const at::Tensor& t) {
+  for_each_tensor_argument(op, stack, [&](const at::Tensor& t) {
     TORCH_CHECK_NOT_IMPLEMENTED(!is_packed(t), "acme: ", op.schema().operator_name(),
                                 " cannot take a packed weight (from acme::pack_linear_weight): "
                                 "it has no strided storage. Only acme::packed_linear reads it; "
                                 "acme::unpack_linear_weight gives back an ordinary tensor.");
-  };
-  const size_t n_args = op.schema().arguments().size();
-  for (auto it = stack.end() - n_args; it != stack.end(); ++it) {
-    if (it->isTensor()) {
-      check(it->toTensor());
-    } else if (it->isTensorList()) {
-      for (const at::Tensor& t : it->toTensorList()) check(t);
-    }
-  }
+  });
 }
 //< ch16 refuse-packed
 
