@@ -99,7 +99,7 @@ def test_ch02_fallback_from_python_at_stage_1(request):
             # One warning per op, however often it runs.
             messages = [str(w.message) for w in caught]
             assert sum("aten::cos" in m for m in messages) == 1, messages
-            assert any("aten::sin.out has no acme kernel" in m for m in messages), messages
+            assert any("aten::sin.out has no privateuseone kernel" in m for m in messages), messages
 
             # In-place and out= write into the acme tensor (out= resized from [0]).
             y = x.clone()
@@ -250,7 +250,7 @@ def test_ch04_autocast_from_python_at_stage_3(request):
         try:
             torch.mm(a, b)
         except ValueError as error:
-            assert "torch.float64 is not a lower-precision dtype acme supports" in str(error)
+            assert "torch.float64 is not a lower-precision dtype privateuseone supports" in str(error)
         else:
             raise AssertionError("mm ran with a float64 autocast dtype")
         finally:

@@ -213,7 +213,7 @@ def test_device_context_manager(on_device_0):
         with module.device(None):
             assert module.current_device() == 1
     assert module.current_device() == 0
-    with pytest.raises(ValueError, match="expected an acme device"):
+    with pytest.raises(ValueError, match=f"expected a device of type {NAME}, got cpu"):
         module.device("cpu")
 
 

@@ -9,12 +9,14 @@
 namespace acme {
 namespace {
 
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
+
 void free_device_memory(void* ptr) {
   // A deleter runs inside destructors: it must not throw. A failure here means
   // the pointer was not ours, which is a bug worth a loud message.
   const acmeError_t err = acmeFree(ptr);
   if (err != acmeSuccess) {
-    TORCH_WARN("acme: freeing device memory failed: ", acmeGetErrorName(err),
+    TORCH_WARN(kAcme, ": freeing device memory failed: ", acmeGetErrorName(err),
                ": ", acmeGetLastErrorMessage());
   }
 }
@@ -29,7 +31,7 @@ struct AcmeAllocator final : c10::Allocator {
     // Out-of-memory gets PyTorch's own exception type (torch.OutOfMemoryError),
     // so callers can catch it exactly as they do for CUDA.
     TORCH_CHECK_WITH(OutOfMemoryError, err != acmeErrorMemoryAllocation,
-                     "acme out of memory: ", acmeGetLastErrorMessage());
+                     kAcme, " out of memory: ", acmeGetLastErrorMessage());
     ACME_CHECK(err);
     return {ptr, ptr, &free_device_memory,
             c10::Device(c10::DeviceType::PrivateUse1, device)};

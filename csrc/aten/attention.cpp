@@ -111,7 +111,8 @@ Forward attention(const at::Tensor& query, const at::Tensor& key, const at::Tens
   TORCH_CHECK(!(is_causal && bias.defined()),
               "scaled_dot_product_attention: an explicit attn_mask cannot be combined with "
               "is_causal=True");
-  TORCH_CHECK(!return_debug_mask, "acme's fused attention has no debug mask");
+  TORCH_CHECK(!return_debug_mask, c10::DeviceType::PrivateUse1,
+              " fused attention has no debug mask");
   TORCH_CHECK(dropout_p >= 0 && dropout_p <= 1, "dropout_p must be in [0, 1], got ", dropout_p);
   DeviceViews view;
   const at::Tensor q = compute(view(query)), k = compute(view(key)), v = compute(view(value));

@@ -67,8 +67,8 @@ void check_autocast_dtype() {
     supported += supported.empty() ? "torch." : " or torch.";
     supported += c10::getDtypeNames(candidate).first;
   }
-  TORCH_CHECK_VALUE(false, "acme autocast: torch.", c10::getDtypeNames(dtype).first,
-                    " is not a lower-precision dtype acme supports; use ", supported);
+  TORCH_CHECK_VALUE(false, kAcme, " autocast: torch.", c10::getDtypeNames(dtype).first,
+                    " is not a lower-precision dtype ", kAcme, " supports; use ", supported);
 }
 //< ch04 dtypes
 

@@ -185,7 +185,7 @@ class DeviceCache {
 
   void record_stream(Block* block, const c10::Stream& stream) {
     std::lock_guard<std::mutex> lock(mutex_);
-    TORCH_CHECK(block->allocated, "acme: record_stream on memory that was already freed");
+    TORCH_CHECK(block->allocated, kAcme, ": record_stream on memory that was already freed");
     if (stream.id() == block->stream) return;  // its own stream orders itself
     for (const c10::Stream& s : block->stream_uses)
       if (s == stream) return;
@@ -309,7 +309,7 @@ class DeviceCache {
     const auto all = static_cast<size_t>(StatType::AGGREGATE);
     const auto allocated = static_cast<size_t>(stats_.allocated_bytes[all].current);
     const auto reserved = static_cast<size_t>(stats_.reserved_bytes[all].current);
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "acme out of memory. Tried to allocate ",
+    TORCH_CHECK_WITH(OutOfMemoryError, false, kAcme, " out of memory. Tried to allocate ",
                      human(requested), ". Device ", static_cast<int>(device_),
                      " has a total capacity of ", human(total), " of which ", human(free),
                      " is free. Of the memory in use, ", human(allocated),
@@ -380,7 +380,7 @@ class DeviceCache {
         it = pool->erase(it);
         const acmeError_t err = acmeFree(block->ptr);
         if (err != acmeSuccess) {
-          TORCH_WARN("acme: returning a cached segment failed: ", acmeGetErrorName(err), ": ",
+          TORCH_WARN(kAcme, ": returning a cached segment failed: ", acmeGetErrorName(err), ": ",
                      acmeGetLastErrorMessage());
         }
         ++stats_.num_device_free;
@@ -433,12 +433,11 @@ class CachingAllocator final : public c10::DeviceAllocator {
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
     if (ptr.get_deleter() != &free_block_ctx || !ptr.get_context()) return;  // not ours
     auto* block = static_cast<Block*>(ptr.get_context());
-    TORCH_CHECK(stream.device_type() == kAcme, "acme: record_stream needs an acme stream, got ",
-                stream);
+    TORCH_CHECK(stream.device_type() == kAcme, kAcme, ": record_stream needs a stream of the ",
+                kAcme, " device, got ", stream);
     TORCH_CHECK(stream.device_index() == block->device,
-                "acme: record_stream: the stream is on acme:",
-                static_cast<int>(stream.device_index()), " but the memory is on acme:",
-                static_cast<int>(block->device),
+                kAcme, ": record_stream: the stream is on ", stream.device(),
+                " but the memory is on ", c10::Device(kAcme, block->device),
                 "; a stream can only use memory of its own device");
     cache(block->device).record_stream(block, stream);
   }
@@ -472,9 +471,9 @@ class CachingAllocator final : public c10::DeviceAllocator {
   c10::DeviceIndex checked(c10::DeviceIndex device) {
     int count = 0;
     ACME_CHECK(acmeGetDeviceCount(&count));
-    TORCH_CHECK_VALUE(device >= 0 && device < count, "acme: invalid device index ",
+    TORCH_CHECK_VALUE(device >= 0 && device < count, kAcme, ": invalid device index ",
                       static_cast<int>(device), ": there ", count == 1 ? "is " : "are ", count,
-                      " acme device", count == 1 ? "" : "s");
+                      " ", kAcme, " device", count == 1 ? "" : "s");
     return device;
   }
 
@@ -502,7 +501,7 @@ void free_block_ctx(void* ctx) {
   try {
     caching_allocator().free(static_cast<Block*>(ctx));
   } catch (const std::exception& e) {
-    TORCH_WARN("acme: freeing device memory failed: ", e.what());
+    TORCH_WARN(kAcme, ": freeing device memory failed: ", e.what());
   }
 }
 

@@ -26,7 +26,8 @@ void warn_once(const c10::OperatorHandle& op, const char* how) {
     const std::lock_guard<std::mutex> lock(mutex);
     if (!warned.insert(name).second) return;
   }
-  TORCH_WARN("acme: ", name, " has no acme kernel and runs on the CPU ", how);
+  constexpr auto device = c10::DeviceType::PrivateUse1;  // prints as its registered name
+  TORCH_WARN(device, ": ", name, " has no ", device, " kernel and runs on the CPU ", how);
 }
 //< ch02 warn-once
 
@@ -41,8 +42,8 @@ void refuse_views(const c10::OperatorHandle& op) {
   for (const auto& ret : op.schema().returns()) {
     const auto* alias = ret.alias_info();
     TORCH_CHECK_NOT_IMPLEMENTED(
-        alias == nullptr || alias->isWrite(), "acme: ", op.schema().operator_name(),
-        " is a view operator and has no acme kernel. A view cannot run on the CPU "
+        alias == nullptr || alias->isWrite(), kAcme, ": ", op.schema().operator_name(),
+        " is a view operator and has no ", kAcme, " kernel. A view cannot run on the CPU "
         "fallback, because its result must share the device tensor's storage.");
   }
 }
@@ -109,8 +110,8 @@ void refuse_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack
     if (!first) first = t.device();
     TORCH_CHECK(t.device() == *first,
                 "Expected all tensors to be on the same device, but found at least two devices, ",
-                *first, " and ", t.device(), "! (checked by acme's CPU fallback for ",
-                op.schema().operator_name(), ")");
+                *first, " and ", t.device(), "! (checked by the ", kAcme,
+                " backend's CPU fallback for ", op.schema().operator_name(), ")");
   };
   for_each_tensor_argument(op, stack, check);
 }
@@ -148,7 +149,7 @@ void refuse_host_outputs(const c10::OperatorHandle& op, const torch::jit::Stack&
 // can read it. Say so, instead of failing inside the copy.
 void refuse_packed_weights(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   for_each_tensor_argument(op, stack, [&](const at::Tensor& t) {
-    TORCH_CHECK_NOT_IMPLEMENTED(!is_packed(t), "acme: ", op.schema().operator_name(),
+    TORCH_CHECK_NOT_IMPLEMENTED(!is_packed(t), kAcme, ": ", op.schema().operator_name(),
                                 " cannot take a packed weight (from acme::pack_linear_weight): "
                                 "it has no strided storage. Only acme::packed_linear reads it; "
                                 "acme::unpack_linear_weight gives back an ordinary tensor.");

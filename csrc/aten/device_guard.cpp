@@ -36,7 +36,7 @@ acmeStream_t native(const c10::Stream& stream) {
   handle = reinterpret_cast<acmeStream_t>(static_cast<uintptr_t>(stream.id()));
   int device = -1;
   ACME_CHECK(acmeStreamGetDevice(handle, &device));  // also rejects stale handles
-  TORCH_CHECK(device == stream.device_index(), "acme: stream ", stream.id(),
+  TORCH_CHECK(device == stream.device_index(), kAcme, ": stream ", stream.id(),
               " belongs to device ", device, ", not to device ", int{stream.device_index()});
   return handle;
 }
@@ -50,8 +50,8 @@ c10::DeviceIndex checked_index(c10::DeviceIndex index) {
   }
   int count = 0;
   ACME_CHECK(acmeGetDeviceCount(&count));
-  TORCH_CHECK(index >= 0 && index < count, "acme: invalid device index ", int{index},
-              ": there are ", count, " acme devices");
+  TORCH_CHECK(index >= 0 && index < count, kAcme, ": invalid device index ", int{index},
+              ": there are ", count, " ", kAcme, " devices");
   return index;
 }
 
@@ -91,7 +91,7 @@ struct AcmeGuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
 
   void setDevice(c10::Device device) const override {
-    TORCH_CHECK(device.type() == kAcme, "acme guard got a ", device.type(), " device");
+    TORCH_CHECK(device.type() == kAcme, kAcme, " guard got a ", device.type(), " device");
     ACME_CHECK(acmeSetDevice(device.index()));
   }
 
@@ -202,7 +202,7 @@ struct AcmeGuardImpl final : c10::impl::DeviceGuardImplInterface {
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag flag) const override {
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
-                "acme: an event of device ", int{device_index},
+                kAcme, ": an event of device ", int{device_index},
                 " cannot be recorded on a stream of device ", int{stream.device_index()});
     const acmeStream_t native_stream = native(stream);
     if (*event == nullptr) {
@@ -235,7 +235,7 @@ struct AcmeGuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
 
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
-    TORCH_CHECK(start && end, "acme: both events must be recorded before elapsed_time");
+    TORCH_CHECK(start && end, kAcme, ": both events must be recorded before elapsed_time");
     float ms = 0;
     ACME_CHECK(acmeEventElapsedTime(&ms, static_cast<acmeEvent_t>(start),
                                     static_cast<acmeEvent_t>(end)));

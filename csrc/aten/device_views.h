@@ -71,7 +71,8 @@ inline void check_same_device(const char* op, c10::Device device,
   for (const at::Tensor& t : tensors) {
     TORCH_CHECK(!t.defined() || t.device() == device,
                 "Expected all tensors to be on the same device, but found at least two "
-                "devices, ", device, " and ", t.device(), "! (in acme's kernel for ", op, ")");
+                "devices, ", device, " and ", t.device(), "! (in the ",
+                c10::DeviceType::PrivateUse1, " kernel for ", op, ")");
   }
 }
 

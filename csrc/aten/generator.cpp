@@ -57,7 +57,7 @@ c10::intrusive_ptr<c10::TensorImpl> AcmeGeneratorImpl::get_state() const {
 void AcmeGeneratorImpl::set_state(const c10::TensorImpl& state) {
   at::detail::check_rng_state(state);  // a contiguous CPU uint8 tensor
   TORCH_CHECK(state.numel() == static_cast<int64_t>(kStateBytes),
-              "acme generator state must be ", kStateBytes,
+              c10::DeviceType::PrivateUse1, " generator state must be ", kStateBytes,
               " bytes (a uint64 seed and a uint64 offset), got ", state.numel(), " bytes");
   const auto* bytes = static_cast<const uint8_t*>(state.data());
   std::memcpy(&seed_, bytes, sizeof seed_);
@@ -81,9 +81,9 @@ c10::DeviceIndex resolve(c10::DeviceIndex device) {
     ACME_CHECK(acmeGetDevice(&current));
     device = static_cast<c10::DeviceIndex>(current);
   }
-  TORCH_CHECK(device >= 0 && device < device_count(), "acme: no device ",
-              static_cast<int>(device), " (there are ", static_cast<int>(device_count()),
-              " acme devices)");
+  TORCH_CHECK(device >= 0 && device < device_count(), c10::DeviceType::PrivateUse1,
+              ": no device ", static_cast<int>(device), " (there are ",
+              static_cast<int>(device_count()), " ", c10::DeviceType::PrivateUse1, " devices)");
   return device;
 }
 

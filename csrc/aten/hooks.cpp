@@ -22,6 +22,8 @@
 namespace acme {
 namespace {
 
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
+
 //> ch11 initialized-flag
 // Set once init() has succeeded: PyTorch calls init() at most once per
 // process (at::Context::lazyInitDevice), and retries it if it threw.
@@ -86,7 +88,7 @@ struct AcmeHooks final : at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void* data) const override {
     acmePointerAttributes attributes{};
     ACME_CHECK(acmePointerGetAttributes(&attributes, data));
-    TORCH_CHECK(attributes.isDevice, "acme: ", data, " is not acme device memory");
+    TORCH_CHECK(attributes.isDevice, kAcme, ": ", data, " is not ", kAcme, " device memory");
     return {c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(attributes.device)};
   }
 //> ch11 hooks-memory
@@ -101,8 +103,8 @@ struct AcmeHooks final : at::PrivateUse1HooksInterface {
   // the storage's device, the old bytes copied over (as many as fit).
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-    TORCH_CHECK(impl->resizable(), "acme: cannot resize this storage: it is not resizable "
-                "(its memory was not allocated by acme's allocator, e.g. from_blob)");
+    TORCH_CHECK(impl->resizable(), kAcme, ": cannot resize this storage: it is not resizable "
+                "(its memory was not allocated by the ", kAcme, " allocator, e.g. from_blob)");
     const size_t keep = std::min(newsize, impl->nbytes());
     c10::DeviceGuard guard(impl->device());
     at::DataPtr fresh = impl->allocator()->allocate(newsize);
@@ -134,7 +136,10 @@ const bool registered = [] {
   // // autograd engine's device threads) once the PrivateUse1 backend is
   // // registered by name, even under its default name. (From chapter 8 on the
   // // Python package registers the real name, before this library loads.)
-  // c10::register_privateuse1_backend("privateuseone");
+  // // Skipped if the user renamed it first: a second name would throw, and abort here.
+  // if (!c10::is_privateuse1_backend_registered()) {
+  //   c10::register_privateuse1_backend("privateuseone");
+  // }
   //< ch03 backend-name
   at::RegisterPrivateUse1HooksInterface(new AcmeHooks());
   return true;

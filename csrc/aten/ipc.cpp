@@ -28,6 +28,8 @@
 namespace acme {
 namespace {
 
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
+
 //> ch16 counter
 // The lease's count: a memfd holding a std::atomic<int64_t>, which is
 // lock-free on the platforms acme supports, so it works across processes.
@@ -39,14 +41,16 @@ struct Counter {
 Counter new_counter() {
   Counter c;
   c.fd = memfd_create("acme-ipc-count", MFD_CLOEXEC);
-  TORCH_CHECK(c.fd >= 0, "acme: cannot share a tensor: memfd_create failed: ", std::strerror(errno));
+  TORCH_CHECK(c.fd >= 0, kAcme, ": cannot share a tensor: memfd_create failed: ",
+              std::strerror(errno));
   void* p = MAP_FAILED;
   if (ftruncate(c.fd, sizeof(std::atomic<int64_t>)) == 0)
     p = mmap(nullptr, sizeof(std::atomic<int64_t>), PROT_READ | PROT_WRITE, MAP_SHARED, c.fd, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
     close(c.fd);
-    TORCH_CHECK(false, "acme: cannot share a tensor: mapping its count failed: ", std::strerror(err));
+    TORCH_CHECK(false, kAcme, ": cannot share a tensor: mapping its count failed: ",
+                std::strerror(err));
   }
   c.value = new (p) std::atomic<int64_t>(1);  // the receiver's reference
   return c;
@@ -54,7 +58,8 @@ Counter new_counter() {
 
 std::atomic<int64_t>* open_counter(int fd) {
   void* p = mmap(nullptr, sizeof(std::atomic<int64_t>), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  TORCH_CHECK(p != MAP_FAILED, "acme: cannot open a shared tensor's count: ", std::strerror(errno));
+  TORCH_CHECK(p != MAP_FAILED, kAcme, ": cannot open a shared tensor's count: ",
+              std::strerror(errno));
   return static_cast<std::atomic<int64_t>*>(p);
 }
 
@@ -123,9 +128,10 @@ void release_received(void* context) {
 //> ch16 share
 SharedStorage share_storage(const at::Tensor& tensor) {
   TORCH_CHECK(tensor.device().type() == c10::DeviceType::PrivateUse1,
-              "acme: share_storage expects an acme tensor, got one on ", tensor.device());
+              kAcme, ": share_storage expects a tensor on the ", kAcme, " device, got one on ",
+              tensor.device());
   const c10::Storage& storage = tensor.storage();
-  TORCH_CHECK(storage.nbytes() > 0, "acme: an empty storage has no memory to share");
+  TORCH_CHECK(storage.nbytes() > 0, kAcme, ": an empty storage has no memory to share");
   collect_shared();
   acmeIpcMemHandle handle;
   size_t offset = 0;
@@ -170,7 +176,7 @@ at::Tensor open_shared_storage(const SharedStorage& shared, int64_t sender_pid) 
   if (shared.offset + shared.nbytes > shared.memory_size) {
     close(shared.counter_fd);
     acmeIpcCloseMemHandle(base);
-    TORCH_CHECK(false, "acme: a shared storage of ", shared.nbytes, " bytes at offset ",
+    TORCH_CHECK(false, kAcme, ": a shared storage of ", shared.nbytes, " bytes at offset ",
                 shared.offset, " does not fit its ", shared.memory_size, "-byte allocation");
   }
   // The lease's descriptor stays open while the storage lives, and is the
@@ -192,7 +198,7 @@ at::Tensor open_shared_storage(const SharedStorage& shared, int64_t sender_pid) 
       close(lease_fd);
       close_counter(counter);
       acmeIpcCloseMemHandle(base);
-      TORCH_CHECK(false, "acme: cannot lock a shared tensor's lease: ", std::strerror(err));
+      TORCH_CHECK(false, kAcme, ": cannot lock a shared tensor's lease: ", std::strerror(err));
     }
     counter->fetch_sub(1);
   }

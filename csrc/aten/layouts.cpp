@@ -14,6 +14,8 @@ namespace acme {
 namespace {
 
 //> ch13 refuse-layout
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
+
 struct Layout {
   const char* name;
   const char* convert;  // how to get a dense tensor acme can take
@@ -21,10 +23,10 @@ struct Layout {
 
 template <const Layout& layout>
 void refuse_layout(const c10::OperatorHandle& op, torch::jit::Stack*) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "acme has no ", layout.name, " tensors (",
+  TORCH_CHECK_NOT_IMPLEMENTED(false, kAcme, " has no ", layout.name, " tensors (",
                               op.schema().operator_name(), " was called with one). Keep them ",
                               "on the CPU, or call ", layout.convert,
-                              " first and move the dense result to acme.");
+                              " first and move the dense result to ", kAcme, ".");
 }
 
 constexpr Layout kSparse{"sparse", ".to_dense()"};

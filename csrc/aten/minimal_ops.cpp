@@ -23,6 +23,7 @@
 namespace acme {
 namespace {
 
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
 const c10::DispatchKeySet kAcmeKeys{c10::DispatchKey::PrivateUse1};
 
 //> ch01 empty
@@ -30,7 +31,7 @@ at::Tensor empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                  std::optional<at::Layout> layout, std::optional<at::Device> device,
                  std::optional<bool> pin_memory,
                  std::optional<at::MemoryFormat> memory_format) {
-  TORCH_CHECK(!pin_memory.value_or(false), "acme tensors cannot be pinned");
+  TORCH_CHECK(!pin_memory.value_or(false), kAcme, " tensors cannot be pinned");
   // The allocator serves the current device: make it the requested one.
   const c10::OptionalDeviceGuard guard(device);
 //> ch01 empty-generic < ch16 empty-acme
@@ -47,7 +48,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<at::Layout> layout,
                          std::optional<at::Device> device,
                          std::optional<bool> pin_memory) {
-  TORCH_CHECK(!pin_memory.value_or(false), "acme tensors cannot be pinned");
+  TORCH_CHECK(!pin_memory.value_or(false), kAcme, " tensors cannot be pinned");
   const c10::OptionalDeviceGuard guard(device);
 //> ch01 empty-strided-generic < ch16 empty-strided-acme
 //   return at::detail::empty_strided_generic(size, stride, device_allocator(),
@@ -91,7 +92,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
       self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
   const c10::Storage& storage = self.storage();
   if (needed > storage.nbytes()) {
-    TORCH_CHECK(storage.resizable(), "acme: cannot resize a storage that is not resizable");
+    TORCH_CHECK(storage.resizable(), kAcme, ": cannot resize a storage that is not resizable");
     // Grow: allocate on the storage's device, keep the old bytes.
     const c10::DeviceGuard guard(self.device());
     c10::DataPtr fresh = device_allocator()->allocate(needed);
@@ -188,12 +189,12 @@ void from_host(const at::Tensor& src, const at::Tensor& dst) {
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  TORCH_CHECK(self.defined() && dst.defined(), "acme copy: undefined tensor");
+  TORCH_CHECK(self.defined() && dst.defined(), kAcme, " copy: undefined tensor");
   // copy_ broadcasts its source; the device paths below want equal shapes.
   at::Tensor src = self;
   if (src.sizes() != dst.sizes()) {
     TORCH_CHECK(at::is_expandable_to(src.sizes(), dst.sizes()),
-                "acme copy: source of shape ", src.sizes(),
+                kAcme, " copy: source of shape ", src.sizes(),
                 " cannot be copied into a destination of shape ", dst.sizes());
     src = src.expand(dst.sizes());
   }

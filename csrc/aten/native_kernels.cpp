@@ -218,7 +218,8 @@ struct SameDevice {
     if (!first) first = t.device();
     TORCH_CHECK(t.device() == *first,
                 "Expected all tensors to be on the same device, but found at least two "
-                "devices, ", *first, " and ", t.device(), "! (in acme's kernel for ", op, ")");
+                "devices, ", *first, " and ", t.device(), "! (in the ", kAcme, " kernel for ", op,
+                ")");
   }
   template <class T>
   void operator()(const T&) {}
@@ -300,7 +301,7 @@ void launch(at::TensorIteratorBase& iter, Builder rebuild, const Kernel& cpu_ker
     cpu_kernel(iter);
     return;
   }
-  TORCH_INTERNAL_ASSERT(rebuild && iter.ntensors() == 3, "acme: no rebuild for this stub");
+  TORCH_INTERNAL_ASSERT(rebuild && iter.ntensors() == 3, kAcme, ": no rebuild for this stub");
   DeviceViews view;
   at::TensorBase out = view(iter.tensor_base(0));
   const at::TensorBase a = view(iter.tensor_base(1));
@@ -538,7 +539,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   if (!on_acme || self._is_zerotensor() || src._is_zerotensor())
     return at::native::copy_(self, src, non_blocking);
   // The same refusal, in the same words, as chapter 1's copies.
-  TORCH_CHECK(at::is_expandable_to(src.sizes(), self.sizes()), "acme copy: source of shape ",
+  TORCH_CHECK(at::is_expandable_to(src.sizes(), self.sizes()), kAcme, " copy: source of shape ",
               src.sizes(), " cannot be copied into a destination of shape ", self.sizes());
   if (self.is_same(src) || self.numel() == 0) return self;
   DeviceViews view;

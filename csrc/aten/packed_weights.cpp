@@ -29,7 +29,8 @@ bool is_packed(const at::Tensor& t) {
 }
 
 const PackedLinearWeight& packed_handle(const at::Tensor& t) {
-  TORCH_CHECK(is_packed(t), "acme: expected a weight from torch.ops.acme.pack_linear_weight");
+  TORCH_CHECK(is_packed(t), c10::DeviceType::PrivateUse1,
+              ": expected a weight from torch.ops.acme.pack_linear_weight");
   return static_cast<PackedTensorImpl*>(t.unsafeGetTensorImpl())->opaque_handle();
 }
 //< ch16 packed-handle

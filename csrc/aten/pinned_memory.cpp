@@ -21,12 +21,14 @@
 namespace acme {
 namespace {
 
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
+
 //> ch11 plain-pinned < ch12 host-cache
 // void free_pinned(void* ptr) {
 //   // Runs inside destructors: warn, never throw.
 //   const acmeError_t err = acmeHostFree(ptr);
 //   if (err != acmeSuccess) {
-//     TORCH_WARN("acme: freeing pinned host memory failed: ", acmeGetErrorName(err), ": ",
+//     TORCH_WARN(kAcme, ": freeing pinned host memory failed: ", acmeGetErrorName(err), ": ",
 //                acmeGetLastErrorMessage());
 //   }
 // }
@@ -35,7 +37,7 @@ namespace {
 //   c10::DataPtr allocate(size_t nbytes) override {
 //     void* ptr = nullptr;
 //     const acmeError_t err = acmeHostAlloc(&ptr, nbytes);
-//     TORCH_CHECK_WITH(OutOfMemoryError, err != acmeErrorMemoryAllocation, "acme: ",
+//     TORCH_CHECK_WITH(OutOfMemoryError, err != acmeErrorMemoryAllocation, kAcme, ": ",
 //                      acmeGetLastErrorMessage());
 //     ACME_CHECK(err);
 //     // Pinned memory is host memory: its tensors are CPU tensors.
@@ -61,7 +63,8 @@ namespace {
 //
 //  private:
 //   [[noreturn]] static void no_statistics() {
-//     TORCH_CHECK_NOT_IMPLEMENTED(false, "acme: the plain pinned allocator keeps no statistics");
+//     TORCH_CHECK_NOT_IMPLEMENTED(false, kAcme,
+//                                 ": the plain pinned allocator keeps no statistics");
 //   }
 // };
 //
@@ -89,7 +92,7 @@ struct PinnedImpl final : at::CachingHostAllocatorImpl<c10::Stream, c10::Event> 
  private:
   void allocate_host_memory(size_t size, void** ptr) override {
     const acmeError_t err = acmeHostAlloc(ptr, size);
-    TORCH_CHECK_WITH(OutOfMemoryError, err != acmeErrorMemoryAllocation, "acme: ",
+    TORCH_CHECK_WITH(OutOfMemoryError, err != acmeErrorMemoryAllocation, kAcme, ": ",
                      acmeGetLastErrorMessage());
     ACME_CHECK(err);
   }
@@ -132,7 +135,7 @@ void free_pinned_block(void* ctx) {
   try {  // runs inside destructors: warn, never throw
     allocator().free(ctx);
   } catch (const std::exception& e) {
-    TORCH_WARN("acme: freeing pinned host memory failed: ", e.what());
+    TORCH_WARN(kAcme, ": freeing pinned host memory failed: ", e.what());
   }
 }
 

@@ -128,7 +128,7 @@ at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at:
     return self;
   }
   //< ch14 complex-uniform
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "acme uniform_", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_", [&] {
     launch<scalar_t>(self, gen, [from, to](int64_t, const PhiloxBlock& b) {
       const auto v = static_cast<scalar_t>(from + (to - from) * unit<scalar_t>(b));
       return from < to && static_cast<double>(v) >= to ? next_below(v) : v;  // [from, to)
@@ -146,7 +146,7 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at:
     return self;
   }
   //< ch14 complex-normal
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "acme normal_", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "normal_", [&] {
     launch<scalar_t>(self, gen, [mean, std](int64_t, const PhiloxBlock& b) {
       return static_cast<scalar_t>(mean + std * standard_normal(b));
     });
@@ -161,7 +161,7 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at:
 std::pair<int64_t, int64_t> exact_integers(at::ScalarType type) {
   if (type == at::kBool) return {0, 1};
   std::pair<int64_t, int64_t> range;
-  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, type, "acme random_", [&] {
+  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, type, "random_", [&] {
     if constexpr (std::numeric_limits<scalar_t>::is_integer) {
       range = {std::numeric_limits<scalar_t>::lowest(), std::numeric_limits<scalar_t>::max()};
     } else {
@@ -181,7 +181,7 @@ at::Tensor& random_between(at::Tensor& self, int64_t from, int64_t last,
               "] is out of bounds for ", self.scalar_type(), ", which holds the integers [",
               lowest, ", ", highest, "] exactly");
   const uint64_t span = static_cast<uint64_t>(last) - static_cast<uint64_t>(from) + 1;  // 0: 2^64
-  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "acme random_", [&] {
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "random_", [&] {
     launch<scalar_t>(self, gen, [from, span](int64_t, const PhiloxBlock& b) {
       const uint64_t k = span == 0 ? bits64(b) : bits64(b) % span;
       return static_cast<scalar_t>(static_cast<int64_t>(static_cast<uint64_t>(from) + k));
@@ -211,7 +211,7 @@ at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator>
 //> ch05 bernoulli
 at::Tensor& bernoulli_scalar_(at::Tensor& self, double p, std::optional<at::Generator> gen) {
   TORCH_CHECK(p >= 0 && p <= 1, "bernoulli_ expects p to be in [0, 1], but got p=", p);
-  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "acme bernoulli_", [&] {
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "bernoulli_", [&] {
     launch<scalar_t>(self, gen, [p](int64_t, const PhiloxBlock& b) {
       return static_cast<scalar_t>(uniform53(b) < p);
     });
@@ -231,7 +231,7 @@ at::Tensor& bernoulli_tensor_(at::Tensor& self, const at::Tensor& p, std::option
     TORCH_CHECK(pv[i] >= 0 && pv[i] <= 1,
                 "bernoulli_ expects all elements of p to be in [0, 1], but found ", pv[i]);
   }
-  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "acme bernoulli_", [&] {
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "bernoulli_", [&] {
     launch<scalar_t>(self, gen, [pv](int64_t i, const PhiloxBlock& b) {
       return static_cast<scalar_t>(uniform53(b) < pv[i]);
     });
@@ -264,7 +264,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   const at::Tensor dense_input = input.contiguous();
   const double keep = 1.0 - p;
   const double scale = keep == 0.0 ? 0.0 : 1.0 / keep;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "acme native_dropout", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "native_dropout", [&] {
     const scalar_t* x = device_view<scalar_t>(dense_input);
     bool* kept = device_view<bool>(mask);
     launch<scalar_t>(output, std::nullopt, [=](int64_t i, const PhiloxBlock& b) {
@@ -293,14 +293,15 @@ void seeded_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack
     }
   }
   const auto slot = schema.argumentIndexWithName("generator");
-  TORCH_INTERNAL_ASSERT(device && slot, "acme: ", schema.operator_name(),
-                        " is not a random op on an acme tensor");
+  TORCH_INTERNAL_ASSERT(device && slot, c10::DeviceType::PrivateUse1, ": ", schema.operator_name(),
+                        " is not a random op on a tensor of the ", c10::DeviceType::PrivateUse1,
+                        " device");
   c10::IValue& generator = args[static_cast<std::ptrdiff_t>(*slot)];
   std::optional<at::Generator> given;
   if (!generator.isNone()) given = generator.toGenerator();
   const PhiloxRange range = reserve(given, *device, 1);
   generator = at::detail::createCPUGenerator(bits64(philox_block(range.seed, range.first)));
-  warn_once(op, "with a CPU generator seeded from the acme generator.");
+  warn_once(op, "with a CPU generator seeded from the device's generator.");
   at::native::cpu_fallback(op, stack);
 }
 //< ch05 seeded-fallback

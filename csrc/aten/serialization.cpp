@@ -73,7 +73,7 @@ void set_format(const at::Tensor& t, int64_t tag) {
 
 //> ch07 ops
 void set_backend_meta(const at::Tensor& self, int64_t tag) {
-  TORCH_CHECK_VALUE(tag >= 0 && tag < kTagLimit, "acme: a format tag is a number from 0 to ",
+  TORCH_CHECK_VALUE(tag >= 0 && tag < kTagLimit, kAcme, ": a format tag is a number from 0 to ",
                     kTagLimit - 1, ", got ", tag);
   set_format(self, tag);
 }
@@ -121,11 +121,11 @@ void read_meta(const at::Tensor& t, std::unordered_map<std::string, bool>& metad
 //< ch16 read-flags
   const auto present = metadata.find(kPresentKey);
   if (present == metadata.end()) return;
-  TORCH_CHECK(present->second, "acme: damaged checkpoint: '", kPresentKey, "' is false");
+  TORCH_CHECK(present->second, kAcme, ": damaged checkpoint: '", kPresentKey, "' is false");
   int64_t tag = 0;
   for (int bit = 0; bit < kTagBits; ++bit) {
     const auto entry = metadata.find(bit_key(bit));
-    TORCH_CHECK(entry != metadata.end(), "acme: damaged checkpoint: the format tag has no '",
+    TORCH_CHECK(entry != metadata.end(), kAcme, ": damaged checkpoint: the format tag has no '",
                 bit_key(bit), "' entry");
     tag |= int64_t{entry->second} << bit;
   }

@@ -12,6 +12,8 @@
 namespace acme {
 namespace {
 
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
+
 //> ch16 storage-create
 c10::intrusive_ptr<c10::StorageImpl> make_acme_storage(c10::StorageImpl::use_byte_size_t,
                                                        c10::SymInt size_bytes,
@@ -74,8 +76,8 @@ at::Tensor empty_strided_acme(c10::IntArrayRef sizes, c10::IntArrayRef strides,
 
 AcmeStorageImpl& acme_storage(const c10::Storage& storage) {
   auto* impl = dynamic_cast<AcmeStorageImpl*>(storage.unsafeGetStorageImpl());
-  TORCH_CHECK(impl != nullptr, "acme: expected a storage made by acme's StorageImpl, got one on ",
-              storage.device());
+  TORCH_CHECK(impl != nullptr, kAcme, ": expected a storage made by the ", kAcme,
+              " backend's StorageImpl, got one on ", storage.device());
   return *impl;
 }
 

@@ -81,7 +81,8 @@ constexpr const char* kNmsSchema =
 void nms_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   static const std::string written_for = c10::toString(torch::jit::parseSchema(kNmsSchema));
   const std::string loaded = c10::toString(op.schema());
-  TORCH_CHECK(loaded == written_for, "acme's kernel for boxkit::nms was written for\n  ",
+  TORCH_CHECK(loaded == written_for, "The ", c10::DeviceType::PrivateUse1,
+              " kernel for boxkit::nms was written for\n  ",
               written_for, "\nbut the loaded library defines\n  ", loaded,
               "\nUpdate csrc/aten/third_party_ops.cpp for this version of the library.");
   const auto args = torch::jit::pop(*stack, 3);

@@ -24,9 +24,12 @@ def device_count() -> int:
     except runtime.AcmeError as error:
         import warnings
 
+        import torch
+
         # As torch.cuda.device_count() does when the driver fails: "no devices",
         # so that is_available() answers False instead of raising.
-        warnings.warn(f"acme initialization: {error}", stacklevel=2)
+        name = torch._C._get_privateuse1_backend_name()
+        warnings.warn(f"{name} initialization: {error}", stacklevel=2)
         return 0
 #< ch11 device-count
 
@@ -116,8 +119,9 @@ def _index(device) -> int:
     import torch
 
     device = torch.device(device)
-    if device.type != torch._C._get_privateuse1_backend_name():
-        raise ValueError(f"expected an acme device, got {device}")
+    name = torch._C._get_privateuse1_backend_name()
+    if device.type != name:
+        raise ValueError(f"expected a device of type {name}, got {device}")
     return current_device() if device.index is None else device.index
 
 #> ch05 random
@@ -317,8 +321,11 @@ def _lazy_init() -> None:
         if is_initialized():
             return
         if _is_in_bad_fork():
+            import torch
+
+            name = torch._C._get_privateuse1_backend_name()
             raise RuntimeError(
-                "Cannot re-initialize acme in forked subprocess. To use acme with "
+                f"Cannot re-initialize {name} in forked subprocess. To use {name} with "
                 "multiprocessing, you must use the 'spawn' start method")
         _C._init()  # the hooks' init(): raises if there is no device
         _initialized = True
@@ -443,7 +450,8 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
             ("Allocations", "allocation", str),
             ("Reserved segments", "segment", str)]
     line = "+" + "-" * 74 + "+"
-    out = [line, f"| {f'acme memory summary, device {index}':^72} |", line,
+    heading = f"{torch._C._get_privateuse1_backend_name()} memory summary, device {index}"
+    out = [line, f"| {heading:^72} |", line,
            f"| {'metric':<24}|{'current':>11} |{'peak':>11} |{'allocated':>11} |{'freed':>10} |",
            line]
     for title, key, fmt in rows:

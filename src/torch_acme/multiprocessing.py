@@ -35,17 +35,18 @@ def reduce_tensor(tensor):
         # multiprocessing.Queue pickles in a background thread that only prints
         # an exception and drops the item: its consumer would wait forever.
         # Send the error instead, and say so here too.
-        warnings.warn(f"acme: a tensor put on a queue cannot be shared: {error}")
+        warnings.warn(f"{DEVICE_NAME}: a tensor put on a queue cannot be shared: {error}")
         return _raise, (type(error), str(error))
 
 
 def _reduce_acme_tensor(tensor):
     if tensor.requires_grad and not tensor.is_leaf:
         raise RuntimeError(
-            "acme: cannot share a non-leaf tensor that requires grad: autograd does not "
+            f"{DEVICE_NAME}: cannot share a non-leaf tensor that requires grad: autograd does not "
             "cross processes. Send tensor.detach() instead.")
     if tensor.layout != torch.strided:
-        raise RuntimeError(f"acme: cannot share a {tensor.layout} tensor between processes")
+        raise RuntimeError(
+            f"{DEVICE_NAME}: cannot share a {tensor.layout} tensor between processes")
     meta = (type(tensor), tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset(),
             tensor.dtype, tensor.requires_grad, tensor.device.index)
     if tensor.untyped_storage().nbytes() == 0:
@@ -64,8 +65,8 @@ def _rebuild_acme_tensor(cls, size, stride, storage_offset, dtype, requires_grad
         memory_fd, counter_fd = memory.detach(), counter.detach()
     except OSError as error:
         raise RuntimeError(
-            f"acme: the process that sent this tensor (pid {sender}) exited before it was "
-            f"received, so its memory cannot be opened. Keep a sending process alive until "
+            f"{DEVICE_NAME}: the process that sent this tensor (pid {sender}) exited before it "
+            f"was received, so its memory cannot be opened. Keep a sending process alive until "
             f"its receivers have taken what it sent.") from error
     try:
         # counter_fd becomes the storage's: it holds the lease's lock, which

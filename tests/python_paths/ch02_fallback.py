@@ -33,14 +33,14 @@ def acme_cpu_fallback(op, *args, **kwargs):
     for ret in op._schema.returns:
         if ret.alias_info is not None and not ret.alias_info.is_write:
             raise NotImplementedError(
-                f"acme: {op.name()} is a view operator and has no acme kernel. A view cannot "
+                f"{ACME}: {op.name()} is a view operator and has no {ACME} kernel. A view cannot "
                 "run on the CPU fallback, because its result must share the device tensor's "
                 "storage.")
 
     # One warning per op, not per call: a training loop would drown the user.
     if op.name() not in _warned:
         _warned.add(op.name())
-        warnings.warn(f"acme: {op.name()} has no acme kernel and runs on the CPU "
+        warnings.warn(f"{ACME}: {op.name()} has no {ACME} kernel and runs on the CPU "
                       "(inputs copied to the host, results copied back).", stacklevel=2)
 
     # Results go to the device the op names, else to the first acme argument's

@@ -31,7 +31,7 @@ def lower_precision_fp(op):
     def kernel(*args, **kwargs):
         dtype = torch.get_autocast_dtype(ACME)
         if dtype not in SUPPORTED:  # set directly with torch.set_autocast_dtype
-            raise ValueError(f"acme autocast: {dtype} is not a lower-precision dtype acme "
+            raise ValueError(f"{ACME} autocast: {dtype} is not a lower-precision dtype {ACME} "
                              "supports; use torch.float16 or torch.bfloat16")
 
         def cast(value):
