@@ -1,4 +1,4 @@
-"""Sessions: chapter-N (build stage N, run chapters 0..N), tests, site, bench, conformance.
+"""Sessions: chapter-N (build stage N, run chapters 0..N), tests, site, bench, conformance, compat.
 
 All sessions share one environment (.nox/acme): torch alone is ~1 GB, and the
 stages differ by build folder and kernel, not by Python packages.
@@ -108,6 +108,35 @@ def conformance(session: nox.Session) -> None:
     build(session)
     # Writes _build/conformance/results.json, which the site's conformance page shows.
     run(session, "tools/conformance.py", *session.posargs)
+
+
+# ---- the version matrix (chapter 17, docs/versions.md) ----
+
+# A second PyTorch release, with an environment and a build folder of its own.
+COMPAT_TORCH = "2.14.1"
+COMPAT_ENV = ROOT / ".nox" / f"torch-{COMPAT_TORCH}"
+
+
+@nox.session
+def compat(session: nox.Session) -> None:
+    """Build every stage against torch 2.14.1 and run the whole test suite there."""
+    python = COMPAT_ENV / "bin" / "python"
+    requirements = [line for line in (ROOT / "requirements.txt").read_text().splitlines()
+                    if line.strip() and not line.startswith(("#", "torch=="))]
+    wanted = hashlib.sha256("\n".join([COMPAT_TORCH, *requirements]).encode()).hexdigest()
+    stamp = COMPAT_ENV / ".requirements-sha256"
+    if not python.exists():
+        session.run(sys.executable, "-m", "venv", str(COMPAT_ENV), external=True)
+    if not stamp.exists() or stamp.read_text() != wanted:
+        session.run(str(python), "-m", "pip", "install", "-q", f"torch=={COMPAT_TORCH}",
+                    *requirements, external=True)
+        stamp.write_text(wanted)
+    build_dir = ROOT / "_build" / f"torch-{COMPAT_TORCH}"
+    env = {"PATH": f"{COMPAT_ENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+           "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "ACME_BUILD_DIR": str(build_dir)}
+    session.run(str(python), "tools/build_stages.py", "--kernels", "--out", str(build_dir),
+                external=True, env=env)
+    session.run(str(python), "-m", "pytest", "tests", *session.posargs, external=True, env=env)
 
 
 # ---- reliability: sanitizers and differential fuzzing ----

@@ -248,11 +248,25 @@ def ch16_storage():
             and torch._C._get_tensor_metadata(sent).get("probe") is True)
 
 
+def ch17_packaging():
+    from importlib.metadata import EntryPoint
+
+    # What `import torch` does with the "torch.backends" entry point the
+    # package declares (pyproject.toml): load the object it names, call it.
+    entry = EntryPoint(name="torch_acme", value="torch_acme:_autoload", group="torch.backends")
+    try:
+        hook = entry.load()
+    except AttributeError:
+        return False
+    hook()
+    return True
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
           11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops,
-          14: ch14_conformance, 15: ch15_custom_ops, 16: ch16_storage}
+          14: ch14_conformance, 15: ch15_custom_ops, 16: ch16_storage, 17: ch17_packaging}
 
 
 def main():

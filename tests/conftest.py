@@ -28,7 +28,17 @@ sys.path.insert(0, str(ROOT))
 
 
 def stage_dir(number: int) -> Path:
+    """Stage `number`'s snapshot: the clean source tree a vendor copies."""
     return BUILD / "stages" / f"stage-{number:02d}"
+
+
+def stage_path(number: int) -> Path:
+    """What goes on sys.path to import stage `number`'s build (tools/build_stages.py)."""
+    return BUILD / "packages" / f"stage-{number:02d}"
+
+
+def stage_built(number: int) -> bool:
+    return (stage_path(number) / "torch_acme" / "_build_info.py").exists()
 
 
 # Chapter 15's stand-in third-party library (tests/third_party/boxkit), built
@@ -39,7 +49,7 @@ THIRD_PARTY = BUILD / "third_party"
 def stage_env(number: int, **extra: str) -> dict[str, str]:
     """The environment a process needs to import stage `number`'s torch_acme."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(stage_dir(number) / "src")
+    env["PYTHONPATH"] = str(stage_path(number))
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     env.update(extra)
     return env
@@ -56,10 +66,10 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     # The newest stage under test is the one this process imports.
-    newest = stage_dir(config.getoption("--upto"))
-    if not (newest / "src" / "torch_acme" / "_build_info.py").exists():
-        raise pytest.UsageError(f"{newest} is not built: run `nox -s tests` (it builds every stage)")
-    sys.path.insert(0, str(newest / "src"))
+    newest = config.getoption("--upto")
+    if not stage_built(newest):
+        raise pytest.UsageError(f"{stage_path(newest)} is not built: run `nox -s tests` (it builds every stage)")
+    sys.path.insert(0, str(stage_path(newest)))
 
 
 def built_stages(config) -> list[int]:

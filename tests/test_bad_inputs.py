@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAST, stage_dir
+from conftest import LAST, stage_built, stage_path
 
 # The table describes the finished backend: with --upto before the last
 # chapter, this process imports an earlier stage.
@@ -154,7 +154,7 @@ def fresh_env(row: dict) -> dict[str, str]:
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     env["PYTHONWARNINGS"] = "ignore"
     if row.get("backend", True):
-        env["PYTHONPATH"] = str(stage_dir(row.get("stage", LAST)) / "src")
+        env["PYTHONPATH"] = str(stage_path(row.get("stage", LAST)))
     else:
         env.pop("PYTHONPATH", None)
     env.update(row.get("env", {}))
@@ -169,7 +169,7 @@ def run_fresh(code: str, env: dict[str, str], cwd: Path) -> subprocess.Completed
 @pytest.mark.parametrize("row", by_process("fresh"), ids=lambda r: r["id"])
 def test_in_fresh_process(row, tmp_path):
     stage = row.get("stage", LAST)
-    if not (stage_dir(stage) / "src" / "torch_acme" / "_build_info.py").exists():
+    if not stage_built(stage):
         pytest.skip(f"stage {stage} is not built in this build folder")
     if "prepare" in row:
         prepared = run_fresh(preamble() + textwrap.dedent(row["prepare"]), fresh_env({}), tmp_path)

@@ -7,7 +7,7 @@ import shutil
 import nbformat
 import pytest
 
-from conftest import CHAPTERS, stage_dir
+from conftest import CHAPTERS, stage_path
 from tools import chapter_runs
 
 FIRST = CHAPTERS[0]
@@ -16,8 +16,8 @@ FIRST = CHAPTERS[0]
 @pytest.fixture
 def build(tmp_path, monkeypatch):
     """A build folder of its own holding a copy of stage 0's package."""
-    package = tmp_path / "stages" / "stage-00" / "src" / "torch_acme"
-    shutil.copytree(stage_dir(0) / "src" / "torch_acme", package,
+    package = tmp_path / "packages" / "stage-00" / "torch_acme"
+    shutil.copytree(stage_path(0) / "torch_acme", package,
                     ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setenv("ACME_BUILD_DIR", str(tmp_path))
     return package

@@ -9,7 +9,7 @@ import jupytext
 import pytest
 from nbclient.exceptions import CellExecutionError
 
-from conftest import BUILD, CHAPTERS, ROOT, stage_dir
+from conftest import BUILD, CHAPTERS, ROOT, stage_built, stage_dir
 from tools import chapter_runs, chapter_support
 
 
@@ -42,7 +42,7 @@ def test_chapter_runs_against_its_stage(chapter):
     kernel = notebook.metadata["kernelspec"]["name"]
     # The kernel decides which build the notebook sees: it must be this stage's.
     assert kernel == f"acme-stage-{number:02d}", kernel
-    assert (stage_dir(number) / "src" / "torch_acme" / "_build_info.py").exists()
+    assert stage_built(number)
 
     try:
         # Executed once here; the site renders this very run (tools/chapter_runs.py).

@@ -291,8 +291,8 @@ def test_cli(tmp_path):
     cmd = [sys.executable, str(REPO / "tools" / "splitter.py"), "--root", str(root), "--out", str(out)]
     run = subprocess.run(cmd + ["--stage", "1"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[:2] == ["stage 00 s0: 1 written, 0 unchanged, 0 removed",
-                                           "stage 01 s1: 1 written, 0 unchanged, 0 removed"]
+    assert run.stdout.splitlines()[:2] == ["stage 00 s0: 2 written, 0 unchanged, 0 removed",
+                                           "stage 01 s1: 2 written, 0 unchanged, 0 removed"]
     assert not (out / "stages/stage-02").exists() and not (out / "diffs/stage-02.diff").exists()
     assert subprocess.run(cmd, capture_output=True).returncode == 0
     assert "alloc(1);" in (out / "stages/stage-03/csrc/a.cpp").read_text()

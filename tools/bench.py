@@ -43,6 +43,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import tomllib
@@ -228,7 +229,7 @@ def fragmentation(torch, dev: str, cycles: int, window: int = 32, every: int = 1
 
 
 def run_worker(stage: int, checked: bool, rounds: int, loop_number: int, cycles: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(BUILD / "stages" / f"stage-{stage:02d}" / "src"),
+    env = dict(os.environ, PYTHONPATH=str(BUILD / "packages" / f"stage-{stage:02d}"),
                ACME_CHECKED="1" if checked else "0", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     command = [sys.executable, __file__, "--worker", "--rounds", str(rounds),
                "--loop-number", str(loop_number), "--cycles", str(cycles)]
@@ -247,7 +248,7 @@ def build_figures(jobs: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="acme-bench-") as tmp:
         copy = Path(tmp) / "repo"
         copy.mkdir()
-        for name in ["csrc", "src", "chapters", "tools"]:
+        for name in ["csrc", "src", "build_support", "chapters", "tools"]:
             shutil.copytree(ROOT / name, copy / name,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for name in ["CMakeLists.txt", "pyproject.toml"]:
@@ -281,6 +282,64 @@ def build_figures(jobs: int) -> dict:
             before = objects()
             figures[f"{key}_s"] = timed_build()
             figures[f"{key}_compiled"] = objects() - before
+    return figures
+
+
+# ---- packaging figures (chapter 17) ---------------------------------------------------
+
+
+def import_times(runs: int = 15) -> dict:
+    """`import torch` in fresh processes, alone and with the final stage autoloaded (ms)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from chapter_support import installed_view
+
+    timer = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
+    times: dict[str, list[float]] = {"alone": [], "autoload": []}
+    with tempfile.TemporaryDirectory(prefix="acme-bench-") as tmp:
+        site = installed_view(BUILD / "stages" / f"stage-{NATIVE:02d}",
+                              BUILD / "packages" / f"stage-{NATIVE:02d}" / "torch_acme", Path(tmp) / "site")
+        for _ in range(runs):
+            for key, switch in (("alone", "0"), ("autoload", "1")):
+                env = dict(os.environ, PYTHONPATH=str(site), TORCH_DEVICE_BACKEND_AUTOLOAD=switch)
+                done = subprocess.run([sys.executable, "-c", timer], env=env, capture_output=True,
+                                      text=True, check=True)
+                times[key].append(1000 * float(done.stdout.strip().splitlines()[-1]))
+    median = {key: statistics.median(values) for key, values in times.items()}
+    return {"runs": runs, "alone_ms": median["alone"], "autoload_ms": median["autoload"],
+            "added_ms": median["autoload"] - median["alone"]}
+
+
+def wheel_figures() -> dict:
+    """`pip wheel` of the final stage from a clean copy, as a vendor builds it: cold with
+    ccache off, and (when ccache is installed) into an empty cache, then from a second
+    copy elsewhere with that cache warm."""
+    figures: dict = {"stage": NATIVE, "ccache": bool(shutil.which("ccache"))}
+    with tempfile.TemporaryDirectory(prefix="acme-bench-") as tmp:
+        venv = Path(tmp) / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        (site / "book_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+        def build(name: str, **env_extra: str) -> float:
+            project = Path(tmp) / name / "backend"
+            shutil.copytree(BUILD / "stages" / f"stage-{NATIVE:02d}", project)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("CCACHE")}
+            env.update(env_extra)
+            start = time.perf_counter()
+            subprocess.run([venv / "bin" / "python", "-m", "pip", "wheel", "--no-build-isolation",
+                            "--no-deps", "--no-index", "-w", str(Path(tmp) / name), str(project)],
+                           env=env, check=True, capture_output=True)
+            seconds = time.perf_counter() - start
+            (wheel,) = (Path(tmp) / name).glob("*.whl")
+            figures["wheel_bytes"] = wheel.stat().st_size
+            return seconds
+
+        figures["cold_s"] = build("plain", CCACHE_DISABLE="1")
+        if figures["ccache"]:
+            cache = {"CMAKE_CXX_COMPILER_LAUNCHER": "ccache", "CCACHE_DIR": str(Path(tmp) / "ccache"),
+                     "CCACHE_BASEDIR": tmp, "CCACHE_NOHASHDIR": "1"}
+            figures["ccache_cold_s"] = build("first", **cache)
+            figures["ccache_warm_s"] = build("second", **cache)
     return figures
 
 
@@ -493,6 +552,20 @@ def report(results: dict) -> str:
                   f"objects compiled (one per variant of the headers it includes), stages "
                   f"1-{NATIVE} relinked | {b['edit_ch01_s']:.1f} |", "",
                   "<!-- plot: builds.png -->"]
+    i = results.get("imports")
+    if i:
+        lines += ["", f"**Packaging** (chapter 17). `import torch` in a fresh process, median of "
+                  f"{i['runs']} runs: {i['alone_ms']:.0f} ms alone, {i['autoload_ms']:.0f} ms with "
+                  f"stage {NATIVE} autoloaded, so the backend adds {i['added_ms']:.0f} ms "
+                  f"(goal: at most 150 ms): {verdict(i['added_ms'] <= 150)}."]
+    w = results.get("wheel")
+    if w:
+        lines += ["", f"`pip wheel --no-build-isolation` of stage {w['stage']} from a clean copy: "
+                  f"{w['cold_s']:.0f} s with ccache off"]
+        if w.get("ccache_cold_s") is not None:
+            lines[-1] += (f", {w['ccache_cold_s']:.0f} s into an empty ccache, "
+                          f"{w['ccache_warm_s']:.0f} s from a second copy with that cache warm")
+        lines[-1] += f". The wheel: {w['wheel_bytes'] / 1024:.0f} KiB."
     return "\n".join(lines) + "\n"
 
 
@@ -670,8 +743,7 @@ def main() -> None:
                "loop_other": LOOP_NUMBER["other"][pick], "cycles": CYCLES[pick]}
 
     for _, stage, _ in CONFIGS:
-        if not (BUILD / "stages" / f"stage-{stage:02d}" / "src" / "torch_acme"
-                / "_build_info.py").exists():
+        if not (BUILD / "packages" / f"stage-{stage:02d}" / "torch_acme" / "_build_info.py").exists():
             raise SystemExit(f"stage {stage} is not built in {BUILD}: run `nox -s bench`")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -686,9 +758,12 @@ def main() -> None:
             results["runs"][key] = run_worker(stage, checked, args.rounds, loop_number,
                                               numbers["cycles"])
     results["targets"] = targets(results["runs"])
+    results["imports"] = import_times(5 if args.quick else 15)
     if not args.skip_build:
         print("building every stage from scratch (several minutes)", flush=True)
         results["build"] = build_figures(args.jobs)
+        print("building the last stage's wheel, three times (about ten minutes)", flush=True)
+        results["wheel"] = wheel_figures()
     results["load_after"] = load()
     results["plots"] = plots(results, out)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -1,8 +1,10 @@
 """Build every stage of the backend in one ninja graph.
 
-Each stage snapshot (written by tools/splitter.py) is built in place: its
-``src/torch_acme`` folder receives ``libacme_runtime.so``, the extension module
-``_C`` and ``_build_info.py``. A translation unit is compiled once for all the
+Each stage snapshot (written by tools/splitter.py into OUT/stages/stage-NN) stays
+a clean source tree a vendor can copy; its build goes beside it, into
+OUT/packages/stage-NN/torch_acme: the Python files, ``libacme_runtime.so``, the
+extension module ``_C`` and ``_build_info.py`` (put OUT/packages/stage-NN on
+sys.path to import that stage). A translation unit is compiled once for all the
 stages in which it is identical: objects are named after a hash of the source,
 the project headers it includes (transitively) and its rule, so stage 3 and
 stage 7 share ``allocator-<hash>.o`` when nothing in between touched it. (The
@@ -87,8 +89,12 @@ class Graph:
         return obj
 
 
-def plan_stage(graph: Graph, stage_dir: Path, torch_libs: str) -> None:
-    pkg = stage_dir / "src" / "torch_acme"
+def package_dir(out: Path, number: int) -> Path:
+    """Where stage `number`'s build lives: its parent goes on sys.path."""
+    return out / "packages" / f"stage-{number:02d}" / "torch_acme"
+
+
+def plan_stage(graph: Graph, stage_dir: Path, pkg: Path, torch_libs: str) -> None:
     csrc = stage_dir / "csrc"
     runtime = sorted((csrc / "runtime").glob("*.cpp"))
     glue = sorted((csrc / "aten").glob("*.cpp"))
@@ -184,6 +190,22 @@ def snapshot_digest(stage_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def copy_python(stage_dir: Path, pkg: Path) -> None:
+    """The snapshot's Python files beside the libraries; stale copies are removed."""
+    source = stage_dir / "src" / "torch_acme"
+    wanted = {p.relative_to(source) for p in source.rglob("*")
+              if p.is_file() and "__pycache__" not in p.parts}
+    for rel in wanted:
+        target = pkg / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = (source / rel).read_bytes()
+        if not target.exists() or target.read_bytes() != data:
+            target.write_bytes(data)
+    for path in pkg.rglob("*.py"):
+        if path.relative_to(pkg) not in wanted and path.name != "_build_info.py":
+            path.unlink()
+
+
 def install_kernel(number: int, stage_dir: Path, out: Path) -> None:
     """A Jupyter kernel per stage, so a chapter can only run against its own build.
 
@@ -197,7 +219,7 @@ def install_kernel(number: int, stage_dir: Path, out: Path) -> None:
         "display_name": f"acme stage {number}",
         "language": "python",
         "env": {
-            "PYTHONPATH": str(stage_dir / "src"),
+            "PYTHONPATH": str(package_dir(out, number).parent),
             "ACME_STAGE_DIR": str(stage_dir),
             "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
         },
@@ -226,7 +248,9 @@ def build(upto: int | None, out: Path, kernels: bool, jobs: int, sanitize: bool 
     stage_dirs = []
     for chapter in chapters:
         stage_dir = (out / "stages" / f"stage-{chapter.number:02d}").resolve()
-        plan_stage(graph, stage_dir, " ".join(torch_libs))
+        pkg = package_dir(out, chapter.number)
+        pkg.mkdir(parents=True, exist_ok=True)
+        plan_stage(graph, stage_dir, pkg, " ".join(torch_libs))
         stage_dirs.append((chapter.number, stage_dir))
     plan_third_party(graph, out, " ".join(torch_libs))
     ninja_path = write_ninja(graph, flags, sanitize)
@@ -234,8 +258,13 @@ def build(upto: int | None, out: Path, kernels: bool, jobs: int, sanitize: bool 
     subprocess.run([ninja, "-f", str(ninja_path), f"-j{jobs}"], check=True, cwd=out)
 
     for number, stage_dir in stage_dirs:
+        # Builds before chapter 17 wrote their libraries into the snapshot itself.
+        for stale in (stage_dir / "src" / "torch_acme").glob("*.so"):
+            stale.unlink()
+        (stage_dir / "src" / "torch_acme" / "_build_info.py").unlink(missing_ok=True)
+        copy_python(stage_dir, package_dir(out, number))
         write_if_changed(
-            stage_dir / "src" / "torch_acme" / "_build_info.py",
+            package_dir(out, number) / "_build_info.py",
             f'"""Written by tools/build_stages.py: which stage this build is."""\n'
             f"STAGE = {number}\nSOURCE_DIGEST = {snapshot_digest(stage_dir)!r}\n",
         )

@@ -38,7 +38,7 @@ def key(chapter: dict) -> str:
     for path in [source(chapter), ROOT / "tools" / "chapter_support.py"]:
         digest.update(path.read_bytes())
     for number in (chapter["number"] - 1, chapter["number"]):
-        package = build_dir() / "stages" / f"stage-{number:02d}" / "src" / "torch_acme"
+        package = build_dir() / "packages" / f"stage-{number:02d}" / "torch_acme"
         for path in sorted(package.rglob("*")) if package.is_dir() else []:
             if path.is_file() and "__pycache__" not in path.parts:
                 digest.update(path.relative_to(package).as_posix().encode() + b"\0")

@@ -22,7 +22,13 @@ from pathlib import Path
 
 
 def stage_dir(number: int) -> Path:
+    """Stage `number`'s snapshot (sources only)."""
     return Path(os.environ["ACME_STAGE_DIR"]).parent / f"stage-{number:02d}"
+
+
+def stage_path(number: int) -> Path:
+    """What goes on sys.path to import stage `number`'s build (tools/build_stages.py)."""
+    return Path(os.environ["ACME_STAGE_DIR"]).parent.parent / "packages" / f"stage-{number:02d}"
 
 
 # The widest output line that fits the page's text column without scrolling.
@@ -35,6 +41,7 @@ OUTPUT_WIDTH = 88
 _MACHINE_PATHS = [
     (re.compile(r" \(Triggered internally at [^)]*\)"), ""),
     (re.compile(r"(?:/[^\s:'\"]*)?/stages/stage-\d\d/"), ""),
+    (re.compile(r"(?:/[^\s:'\"]*)?/packages/stage-\d\d/"), "src/"),
     (re.compile(re.escape(sysconfig.get_paths()["purelib"]) + "/"), ""),
     (re.compile(re.escape(tempfile.gettempdir()) + r"/[^/\s'\"]+/"), ""),
     (re.compile(re.escape(str(Path(__file__).resolve().parent.parent)) + "/"), ""),
@@ -129,9 +136,9 @@ def clean_outputs() -> None:
 def check_stage(number: int) -> None:
     """Fail unless this kernel imports stage `number`'s build of torch_acme."""
     clean_outputs()
-    expected = stage_dir(number).resolve()
-    assert Path(os.environ["ACME_STAGE_DIR"]).resolve() == expected, (
+    assert Path(os.environ["ACME_STAGE_DIR"]).resolve() == stage_dir(number).resolve(), (
         f"this kernel serves {os.environ['ACME_STAGE_DIR']}, not stage {number}")
+    expected = stage_path(number).resolve()
     spec = importlib.util.find_spec("torch_acme")
     assert spec is not None and spec.origin, "torch_acme is not importable in this kernel"
     package = Path(spec.origin).resolve().parent
@@ -142,7 +149,7 @@ def check_stage(number: int) -> None:
 
 def at_stage(number: int, code: str) -> subprocess.CompletedProcess:
     """Run `code` in a fresh process against stage `number` (one backend per process)."""
-    env = dict(os.environ, PYTHONPATH=str(stage_dir(number) / "src"))
+    env = dict(os.environ, PYTHONPATH=str(stage_path(number)))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -199,6 +206,35 @@ def check_no_leaks() -> None:
 def third_party_dir() -> Path:
     """Where tools/build_stages.py builds chapter 15's stand-in library, boxkit."""
     return Path(os.environ["ACME_STAGE_DIR"]).parent.parent / "third_party"
+
+
+def installed_view(snapshot: Path, package: Path, dest: Path) -> Path:
+    """A stage's build laid out as `pip install` lays it out, without compiling again.
+
+    `dest` gets the package (a link to the stage build `package`) and the
+    .dist-info that the build backend (scikit-build-core) writes for the stage
+    `snapshot`, entry points included: with `dest` on sys.path, Python sees the
+    stage as installed. Returns `dest`.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    if not (dest / "torch_acme").exists():
+        (dest / "torch_acme").symlink_to(package, target_is_directory=True)
+    hook = ("import sys, scikit_build_core.build as backend\n"
+            "print(backend.prepare_metadata_for_build_wheel(sys.argv[1]))")
+    done = subprocess.run([sys.executable, "-c", hook, str(dest)], cwd=snapshot,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return dest
+
+
+def as_installed(number: int, code: str, **env: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh Python that sees stage `number` as `pip install` leaves it
+    (see installed_view), with autoloading on, as a user's Python has it."""
+    site = installed_view(stage_dir(number), stage_path(number) / "torch_acme",
+                          Path(tempfile.mkdtemp()) / "site-packages")
+    environment = {**os.environ, "PYTHONPATH": str(site), "TORCH_DEVICE_BACKEND_AUTOLOAD": "1", **env}
+    return subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True,
+                          text=True, timeout=300)
 
 
 _ROW = re.compile(r"^(\w+): (fallthrough )?registered at (\S+?)(?::\d+)? \[([^\]]+)\]$")

@@ -47,7 +47,7 @@ def worker(stage: int, suite_path: Path) -> None:
 
     answer = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # whatever the tests print goes to stderr, never into the answers
-    sys.path[:0] = [str(BUILD / "stages" / f"stage-{stage:02d}" / "src"), str(suite_path.parent)]
+    sys.path[:0] = [str(BUILD / "packages" / f"stage-{stage:02d}"), str(suite_path.parent)]
     warnings.simplefilter("ignore")
     spec = importlib.util.spec_from_file_location(suite_path.stem, suite_path)
     suite = importlib.util.module_from_spec(spec)

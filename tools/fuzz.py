@@ -1117,7 +1117,7 @@ def load_backend() -> None:
 
         build = Path(os.environ.get("ACME_BUILD_DIR", ROOT / "_build")).resolve()
         last = tomllib.loads((ROOT / "chapters" / "chapters.toml").read_text())["chapter"][-1]["number"]
-        sys.path.insert(0, str(build / "stages" / f"stage-{last:02d}" / "src"))
+        sys.path.insert(0, str(build / "packages" / f"stage-{last:02d}"))
         import torch_acme  # noqa: F401
     import torch
 

@@ -24,7 +24,10 @@ import textwrap
 import tomllib
 from pathlib import Path
 
-SNAPSHOT_ROOTS = ("csrc", "src", "CMakeLists.txt", "pyproject.toml")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stage_readme  # noqa: E402
+
+SNAPSHOT_ROOTS = ("csrc", "src", "build_support", "CMakeLists.txt", "pyproject.toml")
 SKIP_SUFFIXES = {".pyc", ".so", ".o"}
 RECORD = ".snapshot-files"
 C_LIKE = {".h", ".hpp", ".c", ".cc", ".cpp", ".cu"}
@@ -369,7 +372,10 @@ def main(argv=None) -> int:
             if args.stage is not None and c.number > args.stage:
                 break
             stage_dir = out / "stages" / f"stage-{c.number:02d}"
-            w, u, r = write_snapshot(args.root, c.number, stage_dir, tree)
+            files = render_tree(tree, c.number)
+            # Every snapshot explains itself to the vendor who copies it.
+            files["README.md"] = stage_readme.render(tree.chapters, c.number, sorted(files))
+            w, u, r = sync_dir(stage_dir, files)
             print(f"stage {c.number:02d} {c.slug}: {w} written, {u} unchanged, {r} removed")
         w, u, r = write_snippets(args.root, out, args.stage, tree)
         dw, du, dr = write_diffs(args.root, out, args.stage, tree)

@@ -1,5 +1,16 @@
 """acme: a simulated accelerator plugged into PyTorch through PrivateUse1."""
 
+#> ch17 autoload
+def _autoload():
+    """The "torch.backends" entry point (pyproject.toml): PyTorch calls it at the
+    end of `import torch`. Importing this package has done all the work.
+
+    Defined before `import torch` below: when a script imports torch_acme first,
+    torch's import calls back into this half-imported module and finds it.
+    """
+
+
+#< ch17 autoload
 #> ch01 import-torch
 # From chapter 1 on, _C links libtorch and registers kernels when it loads:
 # torch must be imported first.
