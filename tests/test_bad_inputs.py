@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LAST, stage_built, stage_path
+from tools.chapter_support import compiled_accelerator
 
 # The table describes the finished backend: with --upto before the last
 # chapter, this process imports an earlier stage.
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.skipif(
 TABLE = Path(__file__).with_name("bad_inputs.toml")
 ROWS = tomllib.loads(TABLE.read_text())["row"]
 FIELDS = {"id", "topic", "title", "setup", "code", "error", "message", "demonstrates", "process",
-          "stage", "backend", "env", "prepare"}
+          "stage", "backend", "env", "prepare", "cpu_only_torch"}
 TOPICS = ("devices", "memory", "ops", "custom-ops", "processes", "autocast", "checkpoints",
           "stages")
 REQUIRED_IN_ISSUE = {  # the rows the issue asks for, by id
@@ -95,7 +96,7 @@ def test_rows_are_well_formed():
         assert row["topic"] in TOPICS, row["id"]
         assert row.get("process", "this") in ("this", "fresh"), row["id"]
         if row.get("process", "this") == "this":
-            extra = {"stage", "backend", "env", "prepare"} & set(row)
+            extra = {"stage", "backend", "env", "prepare", "cpu_only_torch"} & set(row)
             assert not extra, f"{row['id']}: {extra} only apply to fresh-process rows"
         resolve(row["error"])  # names a real exception class
         assert issubclass(resolve(row["error"]), BaseException), row["id"]
@@ -171,6 +172,9 @@ def test_in_fresh_process(row, tmp_path):
     stage = row.get("stage", LAST)
     if not stage_built(stage):
         pytest.skip(f"stage {stage} is not built in this build folder")
+    if row.get("cpu_only_torch") and compiled_accelerator() is not None:
+        pytest.skip(f"this PyTorch is built with {compiled_accelerator()}: the row holds on a "
+                    "CPU-only PyTorch")
     if "prepare" in row:
         prepared = run_fresh(preamble() + textwrap.dedent(row["prepare"]), fresh_env({}), tmp_path)
         assert prepared.returncode == 0, prepared.stderr

@@ -7,6 +7,7 @@ and reach the neighbouring stages for "what fails before this chapter" cells.
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.util
 import os
@@ -152,6 +153,19 @@ def at_stage(number: int, code: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(stage_path(number)))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=300)
+
+
+@functools.cache
+def compiled_accelerator() -> str | None:
+    """The accelerator PyTorch itself was built with ("cuda" in the CUDA wheels), or
+    None for a CPU-only build: the one the accelerator layer answers with until a
+    PrivateUse1 backend registers (chapter 3). Asked in a process without torch_acme."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    code = "import torch; a = torch.accelerator.current_accelerator(); print(a.type if a else '')"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300, check=True)
+    return proc.stdout.strip() or None
 
 
 def last_error() -> BaseException:

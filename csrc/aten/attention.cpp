@@ -108,8 +108,10 @@ Forward attention(const at::Tensor& query, const at::Tensor& key, const at::Tens
   const at::Tensor bias = attn_bias.value_or(at::Tensor());
   check_same_device("aten::_scaled_dot_product_fused_attention_overrideable", device,
                     {key, value, bias});
+  // ATen's own words: from PyTorch 2.14 its front end refuses the pair before
+  // asking acme, so a caller sees the same message on either release.
   TORCH_CHECK(!(is_causal && bias.defined()),
-              "scaled_dot_product_attention: an explicit attn_mask cannot be combined with "
+              "scaled_dot_product_attention: Explicit attn_mask should not be set when "
               "is_causal=True");
   TORCH_CHECK(!return_debug_mask, c10::DeviceType::PrivateUse1,
               " fused attention has no debug mask");

@@ -46,6 +46,8 @@ def where(row: dict) -> str | None:
         said.append(f"against stage {row['stage']}")
     for key, value in row.get("env", {}).items():
         said.append(f"with {key}={value}")
+    if row.get("cpu_only_torch"):
+        said.append("with a CPU-only PyTorch")
     return "# " + ", ".join(said)
 
 
