@@ -97,7 +97,9 @@ class StageDirective(SphinxDirective):
         para += nodes.literal(text=f"nox -s chapter-{number}")
         para += nodes.Text(". The clean source snapshot is written to ")
         para += nodes.literal(text=f"_build/stages/stage-{number:02d}/")
-        para += nodes.Text(". ")
+        para += nodes.Text(", with a README: copy it and ")
+        para += nodes.literal(text="pip install --no-build-isolation .")
+        para += nodes.Text(" (chapter 17). ")
         notebook = BUILD / "notebooks" / f"{notebook_name(chapter)}.ipynb"
         doc_dir = Path(self.env.doc2path(self.env.docname)).parent
         target = os.path.relpath(notebook, doc_dir)
