@@ -282,6 +282,11 @@ struct Registry {
     --it;
     return p - it->first < it->second->span ? it->second : nullptr;
   }
+  // The allocation whose requested bytes contain p (its reserved tail excluded).
+  AllocationRef holding(uintptr_t p) const {
+    AllocationRef a = containing(p);
+    return a && p - a->base < a->size ? a : nullptr;
+  }
   // Some allocation overlapping [p, p + n), n > 0.
   AllocationRef overlapping(uintptr_t p, size_t n) const {
     if (AllocationRef a = containing(p)) return a;
@@ -767,8 +772,8 @@ acmeError_t acmeDeviceAccess(void** kernelView, const void* devPtr) {
   const auto p = reinterpret_cast<uintptr_t>(devPtr);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  AllocationRef a = r.containing(p);
-  if (!a || p - a->base >= a->size)
+  AllocationRef a = r.holding(p);
+  if (!a)
     return fail(acmeErrorInvalidDevicePointer,
                 "acmeDeviceAccess(0x%" PRIxPTR "): not inside a live device allocation", p);
   *kernelView = a->view + (p - a->base);
@@ -783,8 +788,8 @@ acmeError_t acmeIpcGetMemHandle(acmeIpcMemHandle* handle, size_t* offset, const 
   const auto p = reinterpret_cast<uintptr_t>(devPtr);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  AllocationRef a = r.containing(p);
-  if (!a || p - a->base >= a->size)
+  AllocationRef a = r.holding(p);
+  if (!a)
     return fail(acmeErrorInvalidDevicePointer,
                 "acmeIpcGetMemHandle(0x%" PRIxPTR "): not inside a live device allocation", p);
   *handle = {a->mapping.fd, a->size, a->device};
