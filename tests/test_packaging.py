@@ -131,16 +131,6 @@ def run(command, **kwargs) -> subprocess.CompletedProcess:
     return done
 
 
-def fresh_venv(path: Path) -> Path:
-    """A new virtual environment that sees this one's packages (torch, pip) through a
-    .pth file: offline, and nothing of the book's build folder on sys.path. Without
-    a pip of its own, whose older setuptools would shadow the one torch requires."""
-    run([sys.executable, "-m", "venv", "--without-pip", str(path)], timeout=300)
-    site = next((path / "lib").glob("python3*/site-packages"))
-    (site / "book_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return path / "bin" / "python"
-
-
 def build_wheel(python: Path, project: Path, wheelhouse: Path) -> Path:
     for old in wheelhouse.glob("*.whl"):
         old.unlink()
@@ -201,7 +191,7 @@ def test_vendor_copies_installs_and_renames_the_final_stage(tmp_path):
     project = tmp_path / "vendor-backend"
     shutil.copytree(stage_dir(LAST), project)
     assert not [p for pattern in BUILD_OUTPUTS for p in project.rglob(pattern)]
-    python = fresh_venv(tmp_path / "venv")
+    python = chapter_support.fresh_venv(tmp_path / "venv")
     wheelhouse = tmp_path / "dist"
 
     # Build a wheel; its metadata pins the PyTorch it was compiled against.

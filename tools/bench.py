@@ -43,7 +43,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 import tomllib
@@ -313,12 +312,12 @@ def wheel_figures() -> dict:
     """`pip wheel` of the final stage from a clean copy, as a vendor builds it: cold with
     ccache off, and (when ccache is installed) into an empty cache, then from a second
     copy elsewhere with that cache warm."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from chapter_support import fresh_venv
+
     figures: dict = {"stage": NATIVE, "ccache": bool(shutil.which("ccache"))}
     with tempfile.TemporaryDirectory(prefix="acme-bench-") as tmp:
-        venv = Path(tmp) / "venv"
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-        site = next((venv / "lib").glob("python3*/site-packages"))
-        (site / "book_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        python = fresh_venv(Path(tmp) / "venv")
 
         def build(name: str, **env_extra: str) -> float:
             project = Path(tmp) / name / "backend"
@@ -326,7 +325,7 @@ def wheel_figures() -> dict:
             env = {k: v for k, v in os.environ.items() if not k.startswith("CCACHE")}
             env.update(env_extra)
             start = time.perf_counter()
-            subprocess.run([venv / "bin" / "python", "-m", "pip", "wheel", "--no-build-isolation",
+            subprocess.run([python, "-m", "pip", "wheel", "--no-build-isolation",
                             "--no-deps", "--no-index", "-w", str(Path(tmp) / name), str(project)],
                            env=env, check=True, capture_output=True)
             seconds = time.perf_counter() - start

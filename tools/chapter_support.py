@@ -241,6 +241,18 @@ def installed_view(snapshot: Path, package: Path, dest: Path) -> Path:
     return dest
 
 
+def fresh_venv(path: Path) -> Path:
+    """A new virtual environment that sees this one's packages (torch, pip) through a
+    .pth file: offline, and nothing of the book's build folder on sys.path. Without
+    a pip of its own, whose older setuptools would shadow the one torch requires.
+    Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True,
+                   capture_output=True, timeout=300)
+    site = next((path / "lib").glob("python3*/site-packages"))
+    (site / "book_environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return path / "bin" / "python"
+
+
 def as_installed(number: int, code: str, **env: str) -> subprocess.CompletedProcess:
     """Run `code` in a fresh Python that sees stage `number` as `pip install` leaves it
     (see installed_view), with autoloading on, as a user's Python has it."""
