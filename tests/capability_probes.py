@@ -262,11 +262,33 @@ def ch17_packaging():
     return True
 
 
+def ch18_async():
+    import torch
+    import torch_acme  # noqa: F401
+    from torch_acme import runtime
+
+    # An op queued behind 50 ms of earlier work on the stream runs after it:
+    # events recorded around the op bracket its work, and the host does not
+    # wait for it. (Before, the op ran on the host at once and the two events
+    # completed together.)
+    x = torch.rand(512, 512, device=device())
+    begin = torch.Event(device=device(), enable_timing=True)
+    end = torch.Event(device=device(), enable_timing=True)
+    runtime.sleep_kernel(0, 50_000)
+    begin.record()
+    y = x @ x
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) > 0.2 and torch.allclose(y.cpu(), x.cpu() @ x.cpu(),
+                                                            atol=1e-3)
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
           11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops,
-          14: ch14_conformance, 15: ch15_custom_ops, 16: ch16_storage, 17: ch17_packaging}
+          14: ch14_conformance, 15: ch15_custom_ops, 16: ch16_storage, 17: ch17_packaging,
+          18: ch18_async}
 
 
 def main():

@@ -532,15 +532,19 @@ def test_default_streams_one_per_device():
 def test_stream_work_is_asynchronous_and_in_order(handles, alloc):
     stream = handles.stream(device=1)
     ptr = alloc(4096, device=1)
-    back = ctypes.create_string_buffer(4096)
-    runtime.sleep_kernel(stream, 200 * MS)
-    runtime.memset_async(ptr, 0x11, 4096, stream)
-    runtime.memset_async(ptr + 8, 0x22, 8, stream)  # runs after the first memset
-    runtime.memcpy_async(ctypes.addressof(back), ptr, 4096, MemcpyKind.DeviceToHost, stream)
-    assert runtime.stream_query(stream) is False  # the host did not wait
-    runtime.stream_synchronize(stream)
-    assert runtime.stream_query(stream) is True
-    assert back.raw == b"\x11" * 8 + b"\x22" * 8 + b"\x11" * 4080
+    # Pinned: a copy into pageable memory waits for the stream (chapter 18).
+    back = runtime.host_alloc(4096)
+    try:
+        runtime.sleep_kernel(stream, 200 * MS)
+        runtime.memset_async(ptr, 0x11, 4096, stream)
+        runtime.memset_async(ptr + 8, 0x22, 8, stream)  # runs after the first memset
+        runtime.memcpy_async(back, ptr, 4096, MemcpyKind.DeviceToHost, stream)
+        assert runtime.stream_query(stream) is False  # the host did not wait
+        runtime.stream_synchronize(stream)
+        assert runtime.stream_query(stream) is True
+        assert ctypes.string_at(back, 4096) == b"\x11" * 8 + b"\x22" * 8 + b"\x11" * 4080
+    finally:
+        runtime.host_free(back)
 
 
 @needs_streams

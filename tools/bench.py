@@ -68,6 +68,8 @@ TARGETS = {
     "large": 1.1,     # add 1M and mul 1M <= 1.1x CPU ...
     "large_spread": 1.5,  # ... with acme's slowest round <= 1.5x its fastest
     "reserved_after_empty_cache": 0,  # bytes still reserved once everything is freed
+    "chain": 1.5,     # 1,000 dependent small ops + synchronize <= 1.5x CPU (chapter 18)
+    "overlap": 1.0,   # copy and product on two streams < the two alone (chapter 18)
 }
 
 
@@ -86,11 +88,19 @@ def worker(rounds: int, loop_number: int, cycles: int) -> dict:
     dev = torch._C._get_privateuse1_backend_name()
     timer = time.perf_counter
 
-    def timed(fn, number):
+    # From chapter 18 an acme op returns before its kernel ran: a timing of acme
+    # work ends with a synchronize, so it counts the work and not only the launches.
+    sync = torch.accelerator.synchronize
+
+    def timed(fn, number, device_work=False):
         fn()  # warm up (first-call costs, allocator caches)
+        if device_work:
+            sync()
         start = timer()
         for _ in range(number):
             fn()
+        if device_work:
+            sync()
         return (timer() - start) / number
 
     def compare(on_cpu, on_acme, number):
@@ -99,10 +109,10 @@ def worker(rounds: int, loop_number: int, cycles: int) -> dict:
         # One untimed round each first: a process's first large allocations
         # fault in fresh pages on both sides, which is not what a round measures.
         timed(on_cpu, number)
-        timed(on_acme, number)
+        timed(on_acme, number, device_work=True)
         for _ in range(rounds):
             c = timed(on_cpu, number)
-            a = timed(on_acme, number)
+            a = timed(on_acme, number, device_work=True)
             cpu_times.append(c)
             acme_times.append(a)
             ratios.append(a / c)
@@ -141,9 +151,9 @@ def worker(rounds: int, loop_number: int, cycles: int) -> dict:
     rows = []
     for _ in range(rounds):
         cpu = timed(lambda: torch.relu(x), 20)
-        through_fallback = timed(lambda: torch.relu(dx), 20)
-        to_host = timed(lambda: dx.cpu(), 20)
-        to_device = timed(lambda: x.to(dev), 20)
+        through_fallback = timed(lambda: torch.relu(dx), 20, device_work=True)
+        to_host = timed(lambda: dx.cpu(), 20, device_work=True)
+        to_device = timed(lambda: x.to(dev), 20, device_work=True)
         rows.append((cpu, through_fallback, to_host, to_device,
                      (through_fallback - cpu) / (to_host + to_device)))
     median = [statistics.median(column) for column in zip(*rows)]
@@ -171,6 +181,9 @@ def worker(rounds: int, loop_number: int, cycles: int) -> dict:
     results["alloc"] = compare(lambda: alloc_fill_free("cpu"), lambda: alloc_fill_free(dev), 50)
     results["alloc"]["op"] = "empty(1M float32, 4 MiB) + fill_ + del"
 
+    if _build_info.STAGE >= 18:
+        results["async"] = asynchronous(torch, dev, rounds, compare, timed)
+
     del da, db, dm, dx, dy  # the fragmentation test ends by freeing every tensor
     try:
         torch.accelerator.memory_reserved()
@@ -179,6 +192,70 @@ def worker(rounds: int, loop_number: int, cycles: int) -> dict:
     else:
         results["fragmentation"] = fragmentation(torch, dev, cycles)
     return results
+
+
+def asynchronous(torch, dev: str, rounds: int, compare, timed) -> dict:
+    """Chapter 18: dependent chains, the host's cost of a launch, and two streams overlapping."""
+    timer = time.perf_counter
+
+    def chain(t):
+        for _ in range(250):  # 1,000 dependent small ops
+            t = t + 1.0
+            t = t * 0.5
+            t = t - 0.25
+            t = t / 1.5
+        return t
+
+    a = torch.rand(64)
+    da = a.to(dev)
+    chained = compare(lambda: chain(a), lambda: chain(da), 5)
+
+    # The host's time per launch: calls queued back to back, no synchronize in
+    # the timed span (the queue is drained after it), against the CPU op.
+    b, db = torch.rand(64), torch.rand(64).to(dev)
+    launch, cpu_op = [], []
+    for _ in range(rounds):
+        torch.accelerator.synchronize()
+        start = timer()
+        for _ in range(2000):
+            da + db
+        launch.append((timer() - start) / 2000)
+        torch.accelerator.synchronize()
+        cpu_op.append(timed(lambda: a + b, 2000))
+
+    # A 16 MiB copy from pinned memory on one stream, a matrix product on the
+    # default stream, each alone and both at once.
+    side = torch.Stream(device=dev)
+    pinned = torch.rand(4 << 20).pin_memory()
+    m = torch.rand(1024, 1024).to(dev)
+
+    def copy():
+        with torch.acme.stream(side):
+            pinned.to(dev, non_blocking=True)
+
+    def product():
+        m @ m
+
+    def both():
+        copy()
+        product()
+
+    alone_copy, alone_product, together, ratios = [], [], [], []
+    for _ in range(rounds):
+        c = timed(copy, 5, device_work=True)
+        p = timed(product, 5, device_work=True)
+        t = timed(both, 5, device_work=True)
+        alone_copy.append(c)
+        alone_product.append(p)
+        together.append(t)
+        ratios.append(t / (c + p))
+    return {
+        "chain": chained,
+        "launch_s": statistics.median(launch), "cpu_op_s": statistics.median(cpu_op),
+        "copy_s": statistics.median(alone_copy), "product_s": statistics.median(alone_product),
+        "together_s": statistics.median(together),
+        "overlap_ratio": statistics.median(ratios), "overlap_ratios": ratios,
+    }
 
 
 def fragmentation(torch, dev: str, cycles: int, window: int = 32, every: int = 1000) -> dict:
@@ -463,6 +540,29 @@ def memory_section(results: dict) -> list[str]:
     return lines
 
 
+def async_section(results: dict) -> list[str]:
+    """Chapter 18's figures, from the newest stage in both modes."""
+    rows = []
+    for checked in (True, False):
+        a = results["runs"][f"native-{mode(checked)}"].get("async")
+        if not a:
+            return []
+        c = a["chain"]
+        rows.append(f"| {mode(checked)} | {spread(c)} | {a['launch_s'] * 1e6:.1f} us | "
+                    f"{a['cpu_op_s'] * 1e6:.1f} us | {a['copy_s'] * 1e3:.2f} ms | "
+                    f"{a['product_s'] * 1e3:.2f} ms | {a['together_s'] * 1e3:.2f} ms "
+                    f"({a['overlap_ratio']:.2f} of the sum) |")
+    return [f"**Asynchronous execution** (stage {NATIVE}, chapter 18). A chain of 1,000 "
+            "dependent ops on 64 elements then `synchronize()`, acme / CPU; the host's time "
+            "per `a + b` launch (queued back to back, no synchronize in the span) next to the "
+            "CPU's time for the same op; a 16 MiB `non_blocking` copy from pinned memory on a "
+            "second stream and a 1024x1024 product on the default stream, each alone and both "
+            "at once.", "",
+            "| mode | 1,000-op chain, acme / CPU | launch (host) | CPU op | copy alone | "
+            "product alone | both |", "| --- | --- | --- | --- | --- | --- | --- |",
+            *rows, ""]
+
+
 def report(results: dict) -> str:
     m = results["machine"]
     runs = results["runs"]
@@ -509,6 +609,7 @@ def report(results: dict) -> str:
                      f"{f['overhead_over_copies']:.2f} ({min(f['ratios']):.2f}-"
                      f"{max(f['ratios']):.2f}) |")
     lines += ["", "<!-- plot: fallback_copies.png -->", "", *memory_section(results),
+              *async_section(results),
               "**Targets** (benchmarks, never asserted)", "",
               "| target | checked | unchecked |", "| --- | --- | --- |"]
     ratio = lambda t: f"{t['value']:.2f}x: {verdict(t['met'])}"  # noqa: E731
@@ -530,6 +631,11 @@ def report(results: dict) -> str:
          lambda t: f"{t['value']} bytes: {verdict(t['met'])}"),
         (f"native (stage {NATIVE}) fragmentation, peak / steady reserved (reported, no target)",
          "peak_over_steady", lambda t: f"{t['value']:.2f}"),
+        (f"native (stage {NATIVE}) 1,000 dependent small ops + `synchronize()` <= "
+         f"{TARGETS['chain']}x CPU", "chain", ratio),
+        (f"native (stage {NATIVE}) 16 MiB pinned copy on one stream beside a 1024x1024 product "
+         "on another: together / (the two alone) < 1", "overlap",
+         lambda t: f"{t['value']:.2f}: {verdict(t['met'])}"),
     ]
     for name, key, show in rows:
         cells = []
@@ -708,6 +814,13 @@ def targets(runs: dict) -> dict:
             verdicts[mode(checked)][op] = {
                 "value": f["ratio"], "spread": f["spread"],
                 "met": f["ratio"] <= TARGETS["large"] and f["spread"] <= TARGETS["large_spread"]}
+        asynchronous = native.get("async")
+        if asynchronous:
+            chain = asynchronous["chain"]["ratio"]
+            overlap = asynchronous["overlap_ratio"]
+            verdicts[mode(checked)]["chain"] = {"value": chain, "met": chain <= TARGETS["chain"]}
+            verdicts[mode(checked)]["overlap"] = {"value": overlap,
+                                                  "met": overlap < TARGETS["overlap"]}
         frag = native.get("fragmentation")
         if frag:
             left = frag["reserved_after_empty_cache"]

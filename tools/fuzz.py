@@ -204,26 +204,61 @@ class Run:
     ns: dict
     outcomes: list  # per statement: None or the exception's type name
     bounds: dict
+    messages: list = field(default_factory=list)  # per statement: None or the message
+    late: str | None = None  # a kernel failure the final synchronize reported (acme)
 
 
 def execute(stmts: list[Stmt], on_device: bool) -> Run:
     ns = namespace(on_device)
-    outcomes, bounds = [], {}
+    outcomes, messages, bounds = [], [], {}
+    late = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for stmt in stmts:
             try:
                 exec(stmt.code_object(), ns)
                 outcomes.append(None)
+                messages.append(None)
             except Exception as error:  # noqa: BLE001 - compared between the runs
                 outcomes.append(type(error).__name__)
+                messages.append(str(error))
                 continue
             if stmt.bound and not on_device:
                 try:
                     bounds[stmt.target] = eval(stmt.bound, ns)
                 except Exception:  # noqa: BLE001 - no bound: the comparison is exact
                     pass
-    return Run(ns, outcomes, bounds)
+        if on_device:
+            # From chapter 18 a kernel may fail after its statement returned:
+            # the program's own last failure is reported here, not in the next.
+            import torch
+
+            for index in range(torch.accelerator.device_count()):
+                try:
+                    torch.accelerator.synchronize(index)
+                except Exception as error:  # noqa: BLE001 - compared with the CPU's
+                    late = late or str(error)
+    return Run(ns, outcomes, bounds, messages, late)
+
+
+def late_failure(dev: Run, cpu: Run) -> int | None:
+    """The statement whose error the device reported late, if that is what differs.
+
+    A kernel whose data makes it fail (an index out of range, an integer
+    division by zero) runs after its statement returned (chapter 18): the CPU
+    raises in the statement, acme in a later one or in the final synchronize,
+    as torch.AcceleratorError naming the kernel and carrying the CPU's message.
+    From that statement on the runs differ by design, so they are not compared.
+    """
+    first = next((i for i, (a, b) in enumerate(zip(dev.outcomes, cpu.outcomes)) if a != b), None)
+    if first is None or dev.outcomes[first] is not None or cpu.outcomes[first] is None:
+        return None
+    reported = [m for o, m in zip(dev.outcomes[first + 1:], dev.messages[first + 1:])
+                if o == "AcceleratorError"] + ([dev.late] if dev.late else [])
+    cause = cpu.messages[first]
+    if reported and "kernel" in reported[0] and cause and cause in reported[0]:
+        return first
+    return None
 
 
 # Helpers the CPU run evaluates for bounds (float64, on the CPU).
@@ -319,6 +354,12 @@ def compare(program: Program, dev: Run, cpu: Run, stats: dict | None = None) -> 
 
     stats = {} if stats is None else stats
     problems = []
+    late = late_failure(dev, cpu)
+    if late is not None:
+        stats["late"] = stats.get("late", 0) + 1
+        return []
+    if dev.late:
+        problems.append(f"a kernel failed after the last statement: {dev.late}")
     for i, (a, b) in enumerate(zip(dev.outcomes, cpu.outcomes)):
         if a != b:
             problems.append(f"statement {i + 1} `{program.stmts[i].code}` raised "
@@ -1031,8 +1072,16 @@ def generate(seed: int, index: int, length: int = 16, include_known: bool = Fals
 # ---- checking, shrinking, reporting ----
 
 def device_memory() -> list[tuple[int, int]]:
+    import torch
     from torch_acme import runtime
 
+    # The caching allocator (chapter 12) keeps freed blocks: hand them back
+    # first, so that the runtime's figures count live tensors only.
+    if hasattr(torch.accelerator, "empty_cache"):
+        try:
+            torch.accelerator.empty_cache()
+        except RuntimeError:  # no DeviceAllocator before chapter 12
+            pass
     stats = [runtime.memory_stats(d) for d in range(runtime.device_count())]
     return [(s["bytes_in_use"], s["blocks_in_use"]) for s in stats]
 
@@ -1138,7 +1187,8 @@ class Report:
     def summary(self) -> str:
         s = self.stats
         return (f"{self.programs} programs ({self.autograd} with a backward pass), "
-                f"{self.statements} statements ({s.get('errors', 0)} raised alike on both sides), "
+                f"{self.statements} statements ({s.get('errors', 0)} raised alike on both sides, "
+                f"{s.get('late', 0)} programs with a kernel failure reported late), "
                 f"{s.get('bounded', 0)} bounded comparisons ({s.get('bounded_exact', 0)} bit-exact "
                 f"anyway), {s.get('gradients', 0)} gradients ({s.get('gradients_exact', 0)} bit-exact); "
                 f"{len(self.mismatches)} mismatches; {self.seconds:.1f} s")

@@ -31,6 +31,9 @@
 
 #include "aten/acme_check.h"
 #include "aten/allocator.h"
+//> ch18 cache-launch-include
+#include "aten/launch.h"
+//< ch18 cache-launch-include
 
 namespace acme {
 namespace {
@@ -151,7 +154,13 @@ class DeviceCache {
     block->requested = size;
     // ACME_CHECKED=2: a recycled block holds its last tensor's values, which
     // torch.empty would hand on silently; poisoned, they read as NaN.
-    if (poison_) ACME_CHECK(acmeMemset(block->ptr, 0xff, block->size));
+//> ch12 poison-recycled < ch18 poison-recycled
+//     if (poison_) ACME_CHECK(acmeMemset(block->ptr, 0xff, block->size));
+//< ch12 poison-recycled
+//> ch18 poison-recycled
+    // On the stream, after the kernels that used the block before.
+    if (poison_) ACME_CHECK(acmeMemsetAsync(block->ptr, 0xff, block->size, current_stream(device_)));
+//< ch18 poison-recycled
     count(stats_.allocation, small, 1);
     count(stats_.allocated_bytes, small, static_cast<int64_t>(block->size));
     count(stats_.requested_bytes, small, static_cast<int64_t>(size));

@@ -13,6 +13,9 @@
 #include <utility>
 
 #include "aten/acme_check.h"
+//> ch18 views-include
+#include "aten/launch.h"
+//< ch18 views-include
 
 namespace acme {
 
@@ -31,6 +34,15 @@ inline void* device_address(const void* device_pointer) {
 // call; the device tensors they alias outlive it.
 class DeviceViews {
  public:
+//> ch18 views-modes
+  // From chapter 18 kernels run later, on a stream. Host code that reads or
+  // writes device memory through views first waits for the stream's earlier
+  // kernels; a kernel being launched takes its views without waiting, since
+  // the stream orders it after them anyway.
+  enum Mode { kHostAccess, kForLaunch };
+  explicit DeviceViews(Mode mode = kHostAccess) : mode_(mode) {}
+
+//< ch18 views-modes
   at::Tensor operator()(const at::TensorBase& t) {
     if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return at::Tensor(t);
     for (const auto& [impl, view] : tensors_)
@@ -51,6 +63,9 @@ class DeviceViews {
     for (const auto& [impl, storage] : storages_)
       if (impl == device_storage) return storage;
     const size_t nbytes = t.storage().nbytes();
+//> ch18 views-wait
+    if (mode_ == kHostAccess && nbytes > 0) wait_for_stream(t.device().index());
+//< ch18 views-wait
     void* view = nbytes == 0 ? nullptr : device_address(t.storage().data());
     c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
                          c10::DataPtr(view, c10::Device(c10::kCPU)),
@@ -61,6 +76,9 @@ class DeviceViews {
 
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
   c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> tensors_;
+//> ch18 views-mode-member
+  Mode mode_;
+//< ch18 views-mode-member
 };
 //< ch10 views
 //> ch13 results

@@ -24,6 +24,9 @@
 
 #include "aten/acme_check.h"
 #include "aten/storage.h"
+//> ch18 ipc-launch-include
+#include "aten/launch.h"
+//< ch18 ipc-launch-include
 
 namespace acme {
 namespace {
@@ -133,6 +136,11 @@ SharedStorage share_storage(const at::Tensor& tensor) {
   const c10::Storage& storage = tensor.storage();
   TORCH_CHECK(storage.nbytes() > 0, kAcme, ": an empty storage has no memory to share");
   collect_shared();
+//> ch18 share-waits
+  // The other process reads the memory as soon as it opens it: the kernels
+  // queued to write it must have run.
+  wait_for_stream(tensor.device().index());
+//< ch18 share-waits
   acmeIpcMemHandle handle;
   size_t offset = 0;
   ACME_CHECK(acmeIpcGetMemHandle(&handle, &offset, storage.data()));

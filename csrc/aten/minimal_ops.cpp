@@ -16,6 +16,13 @@
 
 #include "aten/acme_check.h"
 #include "aten/allocator.h"
+//> ch18 copies-includes
+#include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "aten/launch.h"
+#include "aten/pinned_memory.h"
+//< ch18 copies-includes
 //> ch16 storage-include
 #include "aten/storage.h"
 //< ch16 storage-include
@@ -137,6 +144,38 @@ at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
 //< ch01 set
 
 //> ch01 copy
+//> ch01 copy-bytes < ch18 copy-bytes
+// // Every copy below moves its bytes here, synchronously (chapter 18 puts
+// // them on a stream).
+// void copy_bytes(void* dst, const void* src, size_t count, acmeMemcpyKind kind) {
+//   ACME_CHECK(acmeMemcpy(dst, src, count, kind));
+// }
+//< ch01 copy-bytes
+//> ch18 copy-bytes
+// Every copy below moves its bytes here, on the current stream of the device
+// whose memory it touches. A copy into host memory returns once the bytes are
+// there (the runtime waits for the stream); one from the host returns once
+// the runtime has staged them, and a pinned source, which the runtime does
+// not stage, waits for the copy. Between two devices, each side's stream
+// waits for the other's, so neither reads or reuses memory too early.
+void copy_bytes(void* dst, const void* src, size_t count, acmeMemcpyKind kind) {
+  auto device_of = [](const void* p) {
+    acmePointerAttributes attributes;
+    ACME_CHECK(acmePointerGetAttributes(&attributes, p));
+    return static_cast<c10::DeviceIndex>(attributes.device);
+  };
+  const c10::DeviceIndex to = kind == acmeMemcpyDeviceToHost ? -1 : device_of(dst);
+  const c10::DeviceIndex from = kind == acmeMemcpyHostToDevice ? -1 : device_of(src);
+  const c10::DeviceIndex device = to >= 0 ? to : from;
+  if (to >= 0 && from >= 0) stream_wait(to, from);
+  const acmeStream_t stream = current_stream(device);
+  ACME_CHECK(acmeMemcpyAsync(dst, src, count, kind, stream));
+  if (to >= 0 && from >= 0) stream_wait(from, to);
+  if (kind == acmeMemcpyHostToDevice && is_pinned(src)) ACME_CHECK(acmeStreamSynchronize(stream));
+  if (kind == acmeMemcpyDeviceToHost && is_pinned(dst)) ACME_CHECK(acmeStreamSynchronize(stream));
+}
+//< ch18 copy-bytes
+
 // The byte range of the storage a (possibly strided) tensor covers.
 struct Extent {
   int64_t first;  // in elements, from the start of the storage
@@ -162,8 +201,8 @@ bool has_lazy_bits(const at::Tensor& t) { return t.is_conj() || t.is_neg(); }
 at::Tensor to_host(const at::Tensor& t) {
   const Extent e = extent_of(t);
   at::Tensor host = at::empty({e.length}, t.options().device(at::kCPU));
-  ACME_CHECK(acmeMemcpy(host.data_ptr(), storage_bytes(t, e.first),
-                        e.length * t.element_size(), acmeMemcpyDeviceToHost));
+  copy_bytes(host.data_ptr(), storage_bytes(t, e.first), e.length * t.element_size(),
+             acmeMemcpyDeviceToHost);
   host = host.as_strided(t.sizes(), t.strides(), 0);
   if (t.is_conj()) host = host.conj();
   if (t.is_neg()) host = host._neg_view();
@@ -175,8 +214,7 @@ void from_host(const at::Tensor& src, const at::Tensor& dst) {
   if (dst.is_non_overlapping_and_dense() && dst.is_contiguous() && !has_lazy_bits(dst)) {
     // The common case: one memcpy of a contiguous, converted source.
     const at::Tensor ready = src.to(dst.scalar_type()).resolve_conj().resolve_neg().contiguous();
-    ACME_CHECK(acmeMemcpy(dst.data_ptr(), ready.const_data_ptr(), dst.nbytes(),
-                          acmeMemcpyHostToDevice));
+    copy_bytes(dst.data_ptr(), ready.const_data_ptr(), dst.nbytes(), acmeMemcpyHostToDevice);
     return;
   }
   // Strided destination: read the range it covers, update it on the host with
@@ -184,8 +222,8 @@ void from_host(const at::Tensor& src, const at::Tensor& dst) {
   const at::Tensor staging = to_host(dst);
   staging.copy_(src);
   const Extent e = extent_of(dst);
-  ACME_CHECK(acmeMemcpy(storage_bytes(dst, e.first), staging.storage().data(),
-                        e.length * dst.element_size(), acmeMemcpyHostToDevice));
+  copy_bytes(storage_bytes(dst, e.first), staging.storage().data(),
+             e.length * dst.element_size(), acmeMemcpyHostToDevice);
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -202,6 +240,28 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
 
   const bool src_on_acme = src.device().type() == c10::DeviceType::PrivateUse1;
   const bool dst_on_acme = dst.device().type() == c10::DeviceType::PrivateUse1;
+//> ch18 non-blocking
+  // non_blocking=True between the device and pinned memory: the one copy that
+  // returns before its bytes moved. The pinned block is not handed out again
+  // until the stream has passed the copy (PyTorch's host allocator waits for
+  // the event record_event leaves).
+  const at::Tensor& host_side = src_on_acme ? dst : src;
+  if (non_blocking && src_on_acme != dst_on_acme && is_pinned(host_side.const_data_ptr()) &&
+      src.scalar_type() == dst.scalar_type() && src.is_contiguous() && dst.is_contiguous() &&
+      !has_lazy_bits(src) && !has_lazy_bits(dst)) {
+    const at::Tensor& device_side = src_on_acme ? src : dst;
+    const c10::DeviceIndex device = device_side.device().index();
+    ACME_CHECK(acmeMemcpyAsync(dst.data_ptr(), src.const_data_ptr(), dst.nbytes(),
+                               src_on_acme ? acmeMemcpyDeviceToHost : acmeMemcpyHostToDevice,
+                               current_stream(device)));
+    const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
+                                   ->getStream(device_side.device());
+    at::getHostAllocator(c10::DeviceType::PrivateUse1)
+        ->record_event(const_cast<void*>(host_side.const_data_ptr()),
+                       host_side.storage().data_ptr().get_context(), stream);
+    return dst;
+  }
+//< ch18 non-blocking
   if (src_on_acme && !dst_on_acme) {
     dst.copy_(to_host(src));  // the CPU's copy_ converts dtype and layout
   } else if (!src_on_acme && dst_on_acme) {
@@ -211,8 +271,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
                              src.is_contiguous() && dst.is_contiguous() &&
                              !has_lazy_bits(src) && !has_lazy_bits(dst);
     if (same_layout) {
-      ACME_CHECK(acmeMemcpy(dst.data_ptr(), src.const_data_ptr(), dst.nbytes(),
-                            acmeMemcpyDeviceToDevice));
+      copy_bytes(dst.data_ptr(), src.const_data_ptr(), dst.nbytes(), acmeMemcpyDeviceToDevice);
     } else {
       from_host(to_host(src), dst);  // convert on the host (no device kernels yet)
     }
@@ -235,8 +294,8 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
   // tensor.item(): bring one element to the host, then read it there.
   at::Tensor host = at::empty({}, self.options().device(at::kCPU));
-  ACME_CHECK(acmeMemcpy(host.data_ptr(), self.const_data_ptr(), self.element_size(),
-                        acmeMemcpyDeviceToHost));
+  copy_bytes(host.data_ptr(), self.const_data_ptr(), self.element_size(),
+             acmeMemcpyDeviceToHost);
   return at::_local_scalar_dense(host);
 }
 //< ch01 copy

@@ -62,16 +62,31 @@
 #include <ATen/ops/zero_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/Type.h>
 #include <torch/library.h>
 
 #include <array>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
+//> ch18 native-includes
+#include <tuple>
+#include <vector>
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros.h>
+//< ch18 native-includes
 
 #include "aten/acme_check.h"
 #include "aten/allocator.h"
 #include "aten/device_views.h"
+//> ch18 native-launch-include
+#include "aten/launch.h"
+//< ch18 native-launch-include
 //> ch16 native-storage-include
 #include "aten/storage.h"
 //< ch16 native-storage-include
@@ -234,6 +249,105 @@ void check_devices(const Args&... args) {
 }
 //< ch10 same-device
 
+//> ch10 run-impl < ch18 run-impl
+// // The impl computes; here it runs at once (chapter 18 queues it on a stream).
+// template <class Op, class... Args>
+// void run_impl(Op& op, const Args&... args) {
+//   op.impl(args...);
+// }
+//< ch10 run-impl
+//> ch18 run-impl
+// From this chapter on, an impl runs on a stream, after the op has returned
+// and its arguments are gone: they travel by value. Tensors become device
+// views (made now, touching no memory), dim lists vectors; the kernel gets
+// them back as the types impl takes. An impl over a TensorIterator runs at
+// once instead: its stub launches the kernel (launch, below).
+at::Tensor hold(DeviceViews& view, const at::Tensor& t) { return view(t); }
+std::vector<int64_t> hold(DeviceViews&, at::IntArrayRef v) { return v.vec(); }
+std::optional<std::vector<int64_t>> hold(DeviceViews&, at::OptionalIntArrayRef v) {
+  return v ? std::optional(v->vec()) : std::nullopt;
+}
+template <class T>
+T hold(DeviceViews&, const T& v) {
+  return v;
+}
+
+at::IntArrayRef pass(const std::vector<int64_t>& v) { return v; }
+at::OptionalIntArrayRef pass(const std::optional<std::vector<int64_t>>& v) {
+  return v ? at::OptionalIntArrayRef(*v) : std::nullopt;
+}
+template <class T>
+const T& pass(const T& v) {
+  return v;
+}
+
+// The device of the first acme tensor among the arguments (they share one),
+// and the dtypes of the tensors: what a launch is keyed on.
+template <class... Args>
+c10::DeviceIndex device_of(const Args&... args) {
+  c10::DeviceIndex device = -1;
+  auto note = [&](const auto& a) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) {
+      if (device < 0 && a.defined() && a.device().type() == kAcme) device = a.device().index();
+    }
+  };
+  (note(args), ...);
+  return device;
+}
+
+template <class... Args>
+c10::SmallVector<int64_t, 12> dtypes_and_ranks(const Args&... args) {
+  c10::SmallVector<int64_t, 12> key;
+  auto note = [&](const auto& a) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) {
+      key.push_back(a.defined() ? static_cast<int64_t>(a.scalar_type()) : -1);
+      key.push_back(a.defined() ? a.dim() : -1);
+    }
+  };
+  (note(args), ...);
+  return key;
+}
+
+// The probe's arguments: each tensor a zero-filled CPU tensor of its dtype and
+// rank with every size 1, the rest as the kernel gets them.
+at::Tensor stand_in(DeviceViews&, const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return at::zeros(std::vector<int64_t>(t.dim(), 1), t.options().device(at::kCPU));
+}
+template <class T>
+auto stand_in(DeviceViews& view, const T& v) {
+  return hold(view, v);
+}
+
+// The op inside one of the three forms.
+template <class Form>
+struct OpOf;
+template <class Op, size_t N>
+struct OpOf<Functional<Op, N>> { using type = Op; };
+template <class Op>
+struct OpOf<Inplace<Op>> { using type = Op; };
+template <class Op, size_t N>
+struct OpOf<Out<Op, N>> { using type = Op; };
+
+template <class Form, class... Args>
+void run_impl(Form& form, const Args&... args) {
+  using Op = typename OpOf<Form>::type;
+  // Checks the borrowed CPU impl makes beyond ATen's meta belong to the call:
+  // an op that has them runs them here, on the host, before the launch.
+  if constexpr (requires { Op::check(args...); }) Op::check(args...);
+  if constexpr (kIterates<Op>) {
+    form.impl(args...);
+  } else {
+    DeviceViews view(DeviceViews::kForLaunch);
+    auto impl = [](const auto&... a) { Functional<Op>().impl(pass(a)...); };
+    check_once(Op::name, dtypes_and_ranks(args...),
+               [&] { std::apply(impl, std::make_tuple(stand_in(view, args)...)); });
+    launch_kernel(device_of(args...), Op::name,
+                  [impl, held = std::make_tuple(hold(view, args)...)] { std::apply(impl, held); });
+  }
+}
+//< ch18 run-impl
+
 //> ch10 forms
 // The three forms of a single-output structured op: meta, then impl. Rest is
 // the schema's arguments after `self`.
@@ -243,7 +357,7 @@ struct Structured {
     check_devices<Op>(self, rest...);
     Functional<Op> op;
     op.meta(self, rest...);
-    op.impl(self, rest..., op.outputs[0]);
+    run_impl(op, self, rest..., op.outputs[0]);
     return std::move(op.outputs[0]);
   }
 
@@ -251,7 +365,7 @@ struct Structured {
     check_devices<Op>(self, rest...);
     Inplace<Op> op(self);
     op.meta(self, rest...);
-    op.impl(self, rest..., op.maybe_get_output(0));
+    run_impl(op, self, rest..., op.maybe_get_output(0));
     op.finish();
     return self;
   }
@@ -260,7 +374,7 @@ struct Structured {
     check_devices<Op>(self, rest..., out);
     Out<Op> op(out);
     op.meta(self, rest...);
-    op.impl(self, rest..., op.maybe_get_output(0));
+    run_impl(op, self, rest..., op.maybe_get_output(0));
     op.finish();
     return out;
   }
@@ -268,47 +382,113 @@ struct Structured {
 //< ch10 forms
 
 //> ch10 launch
-// How acme runs a CPU kernel that a DispatchStub hands a TensorIterator over
-// device tensors. ATen's meta has already broadcast, promoted and allocated;
-// what is left is memory. The common case: every operand already has the
-// computation dtype, so the kernel runs on this very iterator, each device
-// operand's pointer swapped for its device-side view.
-bool runs_as_is(const at::TensorIteratorBase& iter) {
-  const auto common = iter.maybe_common_dtype();
-  if (!common) return true;
-  for (int i = 0; i < iter.ntensors(); ++i) {
-    const bool bool_result = i < iter.noutputs() && iter.dtype(i) == at::kBool;
-    if (iter.dtype(i) != *common && !bool_result) return false;
-  }
-  return true;
-}
-
-// Otherwise a device kernel would convert while it loads (CUDA's do); the CPU
-// kernels cannot, since off the CPU a TensorIterator leaves casting to the
-// kernel. So acme rebuilds the iterator on the CPU over device views, with
-// the same builder the op's meta used, and the CPU iterator converts.
+// A TensorIterator builder: how an op's meta made its iterator.
 using Builder = at::TensorIterator (*)(at::TensorBase&, const at::TensorBase&,
                                        const at::TensorBase&);
 
-template <class Kernel>
-void launch(at::TensorIteratorBase& iter, Builder rebuild, const Kernel& cpu_kernel) {
-  if (iter.numel() == 0) return;
-  if (runs_as_is(iter)) {
-    for (int i = 0; i < iter.ntensors(); ++i) {
-      if (iter.device_type(i) == kAcme)
-        iter.unsafe_replace_operand(i, device_address(iter.data_ptr(i)));
-    }
-    cpu_kernel(iter);
-    return;
-  }
-  TORCH_INTERNAL_ASSERT(rebuild && iter.ntensors() == 3, kAcme, ": no rebuild for this stub");
-  DeviceViews view;
-  at::TensorBase out = view(iter.tensor_base(0));
-  const at::TensorBase a = view(iter.tensor_base(1));
-  const at::TensorBase b = view(iter.tensor_base(2));
-  at::TensorIterator on_cpu = rebuild(out, a, b);
-  cpu_kernel(on_cpu);
+//> ch10 launch-run < ch18 launch-run
+// // How acme runs a CPU kernel that a DispatchStub hands a TensorIterator over
+// // device tensors. ATen's meta has already broadcast, promoted and allocated;
+// // what is left is memory. The common case: every operand already has the
+// // computation dtype, so the kernel runs on this very iterator, each device
+// // operand's pointer swapped for its device-side view.
+// bool runs_as_is(const at::TensorIteratorBase& iter) {
+//   const auto common = iter.maybe_common_dtype();
+//   if (!common) return true;
+//   for (int i = 0; i < iter.ntensors(); ++i) {
+//     const bool bool_result = i < iter.noutputs() && iter.dtype(i) == at::kBool;
+//     if (iter.dtype(i) != *common && !bool_result) return false;
+//   }
+//   return true;
+// }
+//
+// // Otherwise a device kernel would convert while it loads (CUDA's do); the CPU
+// // kernels cannot, since off the CPU a TensorIterator leaves casting to the
+// // kernel. So acme rebuilds the iterator on the CPU over device views, with
+// // the same builder the op's meta used, and the CPU iterator converts.
+//
+// template <class Kernel>
+// void launch(const char* name, at::TensorIteratorBase& iter, Builder rebuild,
+//             const Kernel& cpu_kernel) {
+//   if (iter.numel() == 0) return;
+//   if (runs_as_is(iter)) {
+//     for (int i = 0; i < iter.ntensors(); ++i) {
+//       if (iter.device_type(i) == kAcme)
+//         iter.unsafe_replace_operand(i, device_address(iter.data_ptr(i)));
+//     }
+//     cpu_kernel(iter);
+//     return;
+//   }
+//   TORCH_INTERNAL_ASSERT(rebuild && iter.ntensors() == 3, kAcme, ": no rebuild for ", name);
+//   DeviceViews view;
+//   at::TensorBase out = view(iter.tensor_base(0));
+//   const at::TensorBase a = view(iter.tensor_base(1));
+//   const at::TensorBase b = view(iter.tensor_base(2));
+//   at::TensorIterator on_cpu = rebuild(out, a, b);
+//   cpu_kernel(on_cpu);
+// }
+//< ch10 launch-run
+//> ch18 launch-run
+// On a stream, the kernel runs after launch() returned, when the iterator and
+// the tensors it borrows are gone. So the launch takes what the kernel needs
+// by value: a device view of each device operand (made now, touching no
+// memory) and the value of each CPU scalar as it is now. On the worker, the
+// kernel rebuilds the iterator on the CPU over them, with the builder the
+// op's meta used, and runs the CPU kernel there (a nullary fill needs none).
+at::TensorIterator on_cpu(Builder rebuild, std::array<at::Tensor, 3>& operands) {
+  at::TensorBase out = operands[0];
+  if (rebuild) return rebuild(out, operands[1], operands[2]);
+  return at::TensorIteratorConfig()
+      .set_check_mem_overlap(false)
+      .check_all_same_dtype(false)
+      .add_output(out)
+      .resize_outputs(false)
+      .build();
 }
+
+template <class Kernel>
+void launch(const char* name, at::TensorIteratorBase& iter, Builder rebuild,
+            const Kernel& cpu_kernel) {
+  if (iter.numel() == 0) return;
+  const int n = iter.ntensors();
+  TORCH_INTERNAL_ASSERT(n == 1 || (rebuild && n == 3), kAcme, ": no rebuild for ", name);
+  DeviceViews view(DeviceViews::kForLaunch);
+  std::array<at::Tensor, 3> views, stand_ins;
+  std::array<std::optional<c10::Scalar>, 3> scalars;  // CPU scalars' values
+  std::array<at::ScalarType, 3> dtypes{};
+  std::array<bool, 3> wrapped{};
+  c10::SmallVector<int64_t, 6> key;
+  for (int i = 0; i < n; ++i) {
+    const at::TensorBase& t = iter.tensor_base(i);
+    const bool on_device = t.device().type() == kAcme;
+    dtypes[i] = t.scalar_type();
+    if (on_device) {
+      views[i] = view(t);
+    } else {
+      scalars[i] = at::Tensor(t).item();
+      wrapped[i] = t.unsafeGetTensorImpl()->is_wrapped_number();
+    }
+    const auto on_host = t.options().device(at::kCPU);
+    stand_ins[i] = on_device ? at::ones({1}, on_host) : at::scalar_tensor(1, on_host);
+    if (wrapped[i]) stand_ins[i].unsafeGetTensorImpl()->set_wrapped_number(true);
+    key.append({static_cast<int64_t>(t.scalar_type()), wrapped[i]});
+  }
+  check_once(name, key, [&] {
+    at::TensorIterator it = on_cpu(rebuild, stand_ins);
+    cpu_kernel(it);
+  });
+  launch_kernel(iter.device(0).index(), name,
+                [views, scalars, dtypes, wrapped, n, rebuild, cpu_kernel]() mutable {
+    for (int i = 0; i < n; ++i) {
+      if (!scalars[i]) continue;
+      views[i] = at::scalar_tensor(*scalars[i], at::TensorOptions().dtype(dtypes[i]));
+      if (wrapped[i]) views[i].unsafeGetTensorImpl()->set_wrapped_number(true);
+    }
+    at::TensorIterator it = on_cpu(rebuild, views);
+    cpu_kernel(it);
+  });
+}
+//< ch18 launch-run
 
 at::TensorIterator binary(at::TensorBase& out, const at::TensorBase& a, const at::TensorBase& b) {
   return at::TensorIterator::borrowing_binary_op(out, a, b);
@@ -327,21 +507,32 @@ at::TensorIterator comparison(at::TensorBase& out, const at::TensorBase& a,
 // The acme kernels behind ATen's stubs. Each one "launches" on the device;
 // here the launch runs the CPU implementation of the same stub.
 void add_kernel(at::TensorIteratorBase& iter, const c10::Scalar& alpha) {
-  launch(iter, binary, [&](at::TensorIteratorBase& it) {
+  launch("add_stub", iter, binary, [alpha](at::TensorIteratorBase& it) {
     at::native::add_stub(c10::kCPU, it, alpha);
   });
 }
 //< ch10 stub-kernels
 
+// "mul_stub": DECLARE_DISPATCH names a stub's type after the stub.
+template <auto& stub>
+const char* stub_name() {
+  static const std::string name = [] {
+    std::string type = c10::demangle_type<std::remove_reference_t<decltype(stub)>>();
+    type = type.substr(type.rfind(':') + 1);
+    return type.substr(0, type.find("_DECLARE_DISPATCH_type"));
+  }();
+  return name.c_str();
+}
+
 // The stubs of one signature, `void(TensorIteratorBase&)`, share a template.
 template <auto& stub, Builder rebuild>
 void iterator_kernel(at::TensorIteratorBase& iter) {
-  launch(iter, rebuild, [](at::TensorIteratorBase& it) { stub(c10::kCPU, it); });
+  launch(stub_name<stub>(), iter, rebuild, [](at::TensorIteratorBase& it) { stub(c10::kCPU, it); });
 }
 
 //> ch10 fill-kernel
 void fill_kernel(at::TensorIterator& iter, const c10::Scalar& value) {
-  launch(iter, nullptr, [&](at::TensorIteratorBase& it) {
+  launch("fill_stub", iter, nullptr, [value](at::TensorIteratorBase& it) {
     at::native::fill_stub(c10::kCPU, static_cast<at::TensorIterator&>(it), value);
   });
 }
@@ -372,6 +563,13 @@ struct Bmm : at::meta::structured_bmm {
 
 struct Addmm : at::meta::structured_addmm {
   static constexpr const char* name = "aten::addmm";
+//> ch18 addmm-check
+  // The CPU impl broadcasts `self` to the result (meta does not check it).
+  static void check(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
+                    const c10::Scalar&, const c10::Scalar&, const at::Tensor&) {
+    (void)self.expand({mat1.size(0), mat2.size(1)});
+  }
+//< ch18 addmm-check
   void impl(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
             const c10::Scalar& beta, const c10::Scalar& alpha, const at::Tensor& out) {
     DeviceViews view;  // for addmm_, `out` is `self`: one view serves both
@@ -482,7 +680,7 @@ struct ValuesIndices : Meta {
                                                        bool keepdim) {
     Functional<ValuesIndices, 2> op;
     const auto pre = op.meta(self, dim, keepdim);
-    op.impl(self, pre.dim, keepdim, op.outputs[0], op.outputs[1]);
+    run_impl(op, self, pre.dim, keepdim, op.outputs[0], op.outputs[1]);
     return {std::move(op.outputs[0]), std::move(op.outputs[1])};
   }
 
@@ -492,7 +690,7 @@ struct ValuesIndices : Meta {
     check_devices<ValuesIndices>(self, values, indices);
     Out<ValuesIndices, 2> op(values, indices);
     const auto pre = op.meta(self, dim, keepdim);
-    op.impl(self, pre.dim, keepdim, op.maybe_get_output(0), op.maybe_get_output(1));
+    run_impl(op, self, pre.dim, keepdim, op.maybe_get_output(0), op.maybe_get_output(1));
     op.finish();
     return {values, indices};
   }
@@ -542,9 +740,26 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   TORCH_CHECK(at::is_expandable_to(src.sizes(), self.sizes()), kAcme, " copy: source of shape ",
               src.sizes(), " cannot be copied into a destination of shape ", self.sizes());
   if (self.is_same(src) || self.numel() == 0) return self;
-  DeviceViews view;
-  at::Tensor destination = view(self);
-  destination.copy_(view(src));
+//> ch10 copy-run < ch18 copy-run
+//   DeviceViews view;
+//   at::Tensor destination = view(self);
+//   destination.copy_(view(src));
+//< ch10 copy-run
+//> ch18 copy-run
+  // The CPU's copy_ refuses overlapping memory before it copies; the launch
+  // checks the same here, since those errors belong to the call, not the data.
+  at::assert_no_internal_overlap(self);
+  at::assert_no_partial_overlap(self, src);
+  // On the destination's stream. A source on another device is read once
+  // that device's stream got there, and is not reused before the copy ran.
+  DeviceViews view(DeviceViews::kForLaunch);
+  const c10::DeviceIndex to = self.device().index(), from = src.device().index();
+  stream_wait(to, from);
+  launch_kernel(to, "aten::copy_", [destination = view(self), source = view(src)] {
+    destination.copy_(source);
+  });
+  stream_wait(from, to);
+//< ch18 copy-run
   return self;
 }
 //< ch10 copy

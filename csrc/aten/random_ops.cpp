@@ -26,6 +26,9 @@
 #include "aten/acme_check.h"
 #include "aten/cpu_fallback.h"
 #include "aten/generator.h"
+//> ch18 random-launch-include
+#include "aten/launch.h"
+//< ch18 random-launch-include
 
 namespace acme {
 namespace {
@@ -48,6 +51,11 @@ PhiloxRange reserve(const std::optional<at::Generator>& gen, c10::Device device,
 // The address at which a device kernel reads and writes a tensor's data.
 template <typename T>
 T* device_view(const at::Tensor& t) {
+//> ch18 random-waits
+  // These kernels still run on the host thread (chapter 18): after the
+  // stream's earlier kernels, which may use the same memory.
+  wait_for_stream(t.device().index());
+//< ch18 random-waits
   void* view = nullptr;
   ACME_CHECK(acmeDeviceAccess(&view, t.const_data_ptr()));
   return static_cast<T*>(view);

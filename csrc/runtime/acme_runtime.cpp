@@ -75,6 +75,9 @@ struct Config {
 //> ch12 poison-config
   bool poison = false;  // ACME_CHECKED=2: new memory is filled with 0xff bytes
 //< ch12 poison-config
+//> ch18 blocking-config
+  bool launch_blocking = false;  // ACME_LAUNCH_BLOCKING=1
+//< ch18 blocking-config
 };
 
 // Digits with an optional K/M/G/T suffix (powers of 1024), optionally followed
@@ -161,6 +164,20 @@ Config load_config() {
 //< ch12 checked-values
     }
   }
+//> ch18 blocking-parse
+  if (const char* text = std::getenv("ACME_LAUNCH_BLOCKING")) {
+    if (std::strcmp(text, "1") == 0) {
+      c.launch_blocking = true;
+    } else if (std::strcmp(text, "0") != 0) {
+      c.status = acmeErrorInitialization;
+      std::snprintf(c.message, sizeof c.message,
+                    "ACME_LAUNCH_BLOCKING=\"%s\" is invalid: it must be 0 (kernels run "
+                    "asynchronously, the default) or 1 (every launch waits for its kernel)",
+                    text);
+      return c;
+    }
+  }
+//< ch18 blocking-parse
   return c;
 }
 
@@ -429,6 +446,30 @@ acmeError_t fail(acmeError_t code, const char* format, ...) {
 
 }  // namespace acme::internal
 //< ch06 internal
+//> ch18 internal-blocking
+
+bool acme::internal::launch_blocking() { return config().launch_blocking; }
+
+namespace {
+
+// The synchronous calls first wait for the devices they touch.
+acmeError_t wait_for_devices(const Side& a, const Side& b, const char* caller) {
+  int first = -1;
+  for (const Side* side : {&a, &b}) {
+    if (!side->keep || side->keep->device == first) continue;
+    first = side->keep->device;
+    if (acmeError_t e = acme::internal::synchronize_device(first, caller)) return e;
+  }
+  return acmeSuccess;
+}
+
+bool is_pinned(const void* p) {
+  int pinned = 0;
+  return acmeHostIsPinned(p, &pinned) == acmeSuccess && pinned;
+}
+
+}  // namespace
+//< ch18 internal-blocking
 
 extern "C" {
 
@@ -450,6 +491,9 @@ const char* acmeGetErrorName(acmeError_t error) {
     case acmeErrorNoDevice: return "acmeErrorNoDevice";
     case acmeErrorForkedChild: return "acmeErrorForkedChild";
 //< ch11 init-error-names
+//> ch18 launch-error-name
+    case acmeErrorLaunchFailure: return "acmeErrorLaunchFailure";
+//< ch18 launch-error-name
   }
   return "acmeErrorUnrecognized";
 }
@@ -472,6 +516,9 @@ const char* acmeGetErrorString(acmeError_t error) {
     case acmeErrorNoDevice: return "no acme device is present";
     case acmeErrorForkedChild: return "runtime used in a child of fork()";
 //< ch11 init-error-strings
+//> ch18 launch-error-string
+    case acmeErrorLaunchFailure: return "a kernel failed while it ran";
+//< ch18 launch-error-string
   }
   return "unrecognized error code";
 }
@@ -669,6 +716,12 @@ acmeError_t acmeFree(void* devPtr) {
     r.freed[r.freed_next++ % std::size(r.freed)] = p;
     if (a->slot >= 0) acme::checked::remove(a->slot);  // before the unmap
   }
+//> ch18 free-waits
+  // Queued kernels reach memory through views the runtime does not track:
+  // the memory stays mapped until the device has run them. (A forked child
+  // has no workers to wait for; it only lets go of its copy.)
+  if (!forked_child.load(std::memory_order_relaxed)) acme::internal::wait_for_device(a->device);
+//< ch18 free-waits
   return acmeSuccess;  // `a` unmaps now, or when the last in-flight copy ends
 }
 
@@ -676,6 +729,9 @@ acmeError_t acmeMemcpy(void* dst, const void* src, size_t count, acmeMemcpyKind 
   if (acmeError_t e = enter()) return e;
   Side dst_side, src_side;
   if (acmeError_t e = prepare_copy(dst, src, count, kind, &dst_side, &src_side)) return e;
+//> ch18 memcpy-waits
+  if (acmeError_t e = wait_for_devices(dst_side, src_side, "acmeMemcpy")) return e;
+//< ch18 memcpy-waits
   if (count) run_copy(dst_side, src_side, count);
   return acmeSuccess;
 }
@@ -684,6 +740,9 @@ acmeError_t acmeMemset(void* devPtr, int value, size_t count) {
   if (acmeError_t e = enter()) return e;
   Side side;
   if (acmeError_t e = prepare_fill(devPtr, count, &side)) return e;
+//> ch18 memset-waits
+  if (acmeError_t e = wait_for_devices(side, Side{}, "acmeMemset")) return e;
+//< ch18 memset-waits
   if (count) run_fill(side, value, count);
   return acmeSuccess;
 }
@@ -696,9 +755,27 @@ acmeError_t acmeMemcpyAsync(void* dst, const void* src, size_t count, acmeMemcpy
   if (acmeError_t e = enter()) return e;
   Side dst_side, src_side;
   if (acmeError_t e = prepare_copy(dst, src, count, kind, &dst_side, &src_side)) return e;
-  return acme::internal::submit(stream, "acmeMemcpyAsync", [dst_side, src_side, count] {
-    if (count) run_copy(dst_side, src_side, count);
-  });
+//> ch06 memcpy-async-submit < ch18 memcpy-async-submit
+//   return acme::internal::submit(stream, "acmeMemcpyAsync", [dst_side, src_side, count] {
+//     if (count) run_copy(dst_side, src_side, count);
+//   });
+//< ch06 memcpy-async-submit
+//> ch18 memcpy-async-submit
+  // Pageable memory, either way, is what the device cannot reach on its own:
+  // a source is staged now, a destination is written before the call returns.
+  std::shared_ptr<char[]> staging;
+  if (kind == acmeMemcpyHostToDevice && count && !is_pinned(src)) {
+    staging.reset(new char[count]);
+    std::memcpy(staging.get(), src, count);
+    src_side.address = staging.get();
+  }
+  const acmeError_t e = acme::internal::submit(
+      stream, "acmeMemcpyAsync", [dst_side, src_side, count, staging] {
+        if (count) run_copy(dst_side, src_side, count);
+      });
+  if (e || kind != acmeMemcpyDeviceToHost || !count || is_pinned(dst)) return e;
+  return acme::internal::synchronize(stream, "acmeMemcpyAsync");
+//< ch18 memcpy-async-submit
 }
 
 acmeError_t acmeMemsetAsync(void* devPtr, int value, size_t count, acmeStream_t stream) {
@@ -856,6 +933,9 @@ acmeError_t acmeIpcCloseMemHandle(void* devPtr) {
     r.stats[a->device].blocks -= 1;
     if (a->slot >= 0) acme::checked::remove(a->slot);
   }
+//> ch18 close-waits
+  if (!forked_child.load(std::memory_order_relaxed)) acme::internal::wait_for_device(a->device);
+//< ch18 close-waits
   return acmeSuccess;  // `a` unmaps now, or when the last in-flight copy ends
 }
 //< ch16 ipc-functions

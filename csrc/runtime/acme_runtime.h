@@ -25,6 +25,11 @@
  *                       show; acmeCheckedMode() returns 2 so the layers above
  *                       can poison memory they recycle too
 //< ch12 poison-doc
+//> ch18 launch-blocking-doc
+ *   ACME_LAUNCH_BLOCKING  0 (default): kernels and copies run asynchronously on
+ *                       their stream; 1: every launch waits until its work is
+ *                       done and returns its error itself (for debugging)
+//< ch18 launch-blocking-doc
  * A malformed value makes every call fail with acmeErrorInitialization.
  */
 #ifndef ACME_RUNTIME_H_
@@ -55,6 +60,9 @@ typedef enum acmeError {
   acmeErrorNoDevice = 10,             /* ACME_DEVICE_COUNT=0: the machine has no device */
   acmeErrorForkedChild = 11,          /* used in a child of fork() after the parent used it */
 //< ch11 init-errors
+//> ch18 launch-error
+  acmeErrorLaunchFailure = 12,        /* a kernel failed while it ran; see acmeLaunchKernel */
+//< ch18 launch-error
 } acmeError_t;
 
 typedef enum acmeMemcpyKind {
@@ -115,7 +123,14 @@ ACME_API int acmeCheckedMode(void);
 ACME_API acmeError_t acmeMalloc(void** devPtr, size_t size);
 /* Same as acmeMalloc, on an explicit device. */
 ACME_API acmeError_t acmeMallocOnDevice(void** devPtr, size_t size, int device);
-/* Frees an allocation given its base pointer. NULL is a no-op. */
+//> ch00 free-doc < ch18 free-doc
+// /* Frees an allocation given its base pointer. NULL is a no-op. */
+//< ch00 free-doc
+//> ch18 free-doc
+/* Frees an allocation given its base pointer. NULL is a no-op. It first waits
+ * for the work queued on the allocation's device, which may still use it (as
+ * cudaFree does). */
+//< ch18 free-doc
 ACME_API acmeError_t acmeFree(void* devPtr);
 
 /* Copies count bytes. Each device-side range must lie inside one live
@@ -150,9 +165,16 @@ ACME_API acmeError_t acmeDeviceAccess(void** kernelView, const void* devPtr);
  * A stream is an in-order queue of work on one device. Work queued on it runs
  * asynchronously to the host, one item after the other; different streams run
  * concurrently. Every device has a default stream, which always exists.
- * acmeMemcpy and acmeMemset stay synchronous: they run on the calling thread,
- * ordered with no stream, so synchronize a stream before they touch memory its
- * pending work uses.
+//> ch06 sync-copies-doc < ch18 sync-copies-doc
+//  * acmeMemcpy and acmeMemset stay synchronous: they run on the calling thread,
+//  * ordered with no stream, so synchronize a stream before they touch memory its
+//  * pending work uses.
+//< ch06 sync-copies-doc
+//> ch18 sync-copies-doc
+ * acmeMemcpy and acmeMemset are synchronous: they first wait for all work
+ * queued on the devices they touch (as cudaMemcpy does on the legacy default
+ * stream), then run on the calling thread.
+//< ch18 sync-copies-doc
  *
  * An event marks a point in a stream: acmeEventRecord queues the mark, and the
  * event completes when the stream reaches it (all work queued before it done),
@@ -206,6 +228,14 @@ ACME_API acmeError_t acmeEventElapsedTime(float* ms, acmeEvent_t start, acmeEven
 /* Stream-ordered versions of acmeMemcpy and acmeMemset: validated now, run
  * when the stream reaches them. Device memory they use stays mapped until then
  * even if freed meanwhile; host memory must stay valid until they complete. */
+//> ch18 async-copies-doc
+/* Unless it is pinned (acmeHostAlloc), host memory cannot be reached by the
+ * device's copy engines, so acmeMemcpyAsync treats it as real drivers do: a
+ * pageable source is copied into a staging buffer before the call returns
+ * (the caller may reuse it at once), and a copy into a pageable destination
+ * is synchronous: it waits for the stream and reports its errors. Only copies
+ * from and to pinned memory overlap with the host. */
+//< ch18 async-copies-doc
 ACME_API acmeError_t acmeMemcpyAsync(void* dst, const void* src, size_t count,
                                      acmeMemcpyKind kind, acmeStream_t stream);
 ACME_API acmeError_t acmeMemsetAsync(void* devPtr, int value, size_t count,
@@ -281,6 +311,35 @@ ACME_API acmeError_t acmeIpcOpenMemHandle(void** devPtr, acmeIpcMemHandle handle
 /* Closes an allocation opened with acmeIpcOpenMemHandle (acmeFree refuses it). */
 ACME_API acmeError_t acmeIpcCloseMemHandle(void* devPtr);
 //< ch16 ipc-api
+//> ch18 kernels-api
+
+/* ---- kernels ----
+ *
+ * A kernel is work the device runs when its stream reaches it. acme's device
+ * is the host's own cores, so a kernel is a host function, called on the
+ * stream's worker thread with the arguments the launch captured; it must reach
+ * device memory only through acmeDeviceAccess views, as every kernel does.
+ *
+ * A kernel reports failure by returning nonzero after writing a message into
+ * `message` (capacity `messageSize`, always at least 256). The launch has long
+ * returned by then, so the failure is kept for the device and reported, as
+ * acmeErrorLaunchFailure naming the kernel and its stream, by the next call
+ * that synchronizes with the device: acmeStreamSynchronize,
+ * acmeEventSynchronize, acmeDeviceSynchronize, acmeMemcpy, and acmeMemcpyAsync
+ * into pageable memory. Only the first failure is kept until it is reported;
+ * results of the failed kernel, and of work that used them, are undefined.
+ * With ACME_LAUNCH_BLOCKING=1, acmeLaunchKernel waits for the kernel and
+ * returns its failure itself. */
+typedef int (*acmeKernelFunction)(void* args, char* message, size_t messageSize);
+
+/* Queues `function(args, ...)` on stream (NULL: the current device's default
+ * stream). `name` (copied) names the kernel in errors and traces. `release`,
+ * if not NULL, is called with args exactly once: after the kernel ran, on the
+ * worker thread, or before acmeLaunchKernel returns if it fails to queue. */
+ACME_API acmeError_t acmeLaunchKernel(acmeStream_t stream, const char* name,
+                                      acmeKernelFunction function, void* args,
+                                      void (*release)(void* args));
+//< ch18 kernels-api
 
 #ifdef __cplusplus
 }

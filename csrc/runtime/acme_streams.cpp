@@ -12,6 +12,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+//> ch18 streams-includes
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+//< ch18 streams-includes
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -216,6 +221,57 @@ acmeError_t find_event(acmeEvent_t handle, const char* caller, std::shared_ptr<E
   return acmeSuccess;
 }
 //< ch06 runtime-handles
+//> ch18 kernel-failures
+
+// The first kernel failure of each device that no call has reported yet. A
+// kernel fails long after its launch returned, so the next call that waits
+// for the device reports it, as asynchronous errors work on real hardware.
+struct KernelFailure {
+  std::string kernel;
+  uint64_t stream;
+  bool default_stream;
+  std::string message;
+};
+
+struct Failures {
+  std::mutex mutex;
+  std::map<int, KernelFailure> by_device;
+};
+
+Failures& failures() {
+  static Failures* f = [] {
+    // A failure no call reported before the process ends is still said, once.
+    std::atexit([] {
+      Failures& all = failures();
+      std::lock_guard<std::mutex> lock(all.mutex);
+      for (const auto& [device, k] : all.by_device)
+        std::fprintf(stderr, "acme: kernel %s failed on device %d and no call reported it "
+                     "before the process exited: %s\n", k.kernel.c_str(), device,
+                     k.message.c_str());
+    });
+    return new Failures;  // never destroyed, like the handles
+  }();
+  return *f;
+}
+
+void record_failure(int device, KernelFailure failure) {
+  Failures& f = failures();
+  std::lock_guard<std::mutex> lock(f.mutex);
+  f.by_device.try_emplace(device, std::move(failure));  // the first one stays
+}
+
+// Waits for everything queued on the device's streams so far.
+void drain_device(int device) {
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    Handles& h = handles();
+    std::lock_guard<std::mutex> lock(h.mutex);
+    for (const auto& weak : h.by_device[device])
+      if (auto s = weak.lock()) streams.push_back(std::move(s));
+  }
+  for (const auto& s : streams) s->drain();
+}
+//< ch18 kernel-failures
 
 }  // namespace
 
@@ -224,8 +280,56 @@ acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller,
   std::shared_ptr<Stream> s;
   if (acmeError_t e = find_stream(stream, caller, &s)) return e;
   s->push(std::move(work));
+//> ch18 submit-blocking
+  // ACME_LAUNCH_BLOCKING=1: the launch is over only when its work is, and a
+  // failure is reported here, at the line that caused it.
+  if (launch_blocking()) {
+    s->drain();
+    return take_failure(s->device, caller);
+  }
+//< ch18 submit-blocking
   return acmeSuccess;
 }
+//> ch18 internal-waits
+
+acmeError_t acme::internal::take_failure(int device, const char* caller) {
+  KernelFailure k;
+  {
+    Failures& f = failures();
+    std::lock_guard<std::mutex> lock(f.mutex);
+    auto it = f.by_device.find(device);
+    if (it == f.by_device.end()) return acmeSuccess;
+    k = std::move(it->second);
+    f.by_device.erase(it);
+  }
+  char stream[48] = "the default stream";
+  if (!k.default_stream) std::snprintf(stream, sizeof stream, "stream %" PRIu64, k.stream);
+  if (launch_blocking())
+    return fail(acmeErrorLaunchFailure,
+                "kernel %s failed on %s of device %d: %s (reported by %s, its launch: "
+                "ACME_LAUNCH_BLOCKING=1)",
+                k.kernel.c_str(), stream, device, k.message.c_str(), caller);
+  return fail(acmeErrorLaunchFailure,
+              "kernel %s failed on %s of device %d: %s (it ran asynchronously; reported by "
+              "%s, the first call since to wait for the device. ACME_LAUNCH_BLOCKING=1 makes "
+              "the launch report it)",
+              k.kernel.c_str(), stream, device, k.message.c_str(), caller);
+}
+
+void acme::internal::wait_for_device(int device) { drain_device(device); }
+
+acmeError_t acme::internal::synchronize_device(int device, const char* caller) {
+  drain_device(device);
+  return take_failure(device, caller);
+}
+
+acmeError_t acme::internal::synchronize(acmeStream_t stream, const char* caller) {
+  std::shared_ptr<Stream> s;
+  if (acmeError_t e = find_stream(stream, caller, &s)) return e;
+  s->drain();
+  return take_failure(s->device, caller);
+}
+//< ch18 internal-waits
 
 extern "C" {
 
@@ -293,7 +397,12 @@ acmeError_t acmeStreamSynchronize(acmeStream_t stream) {
   std::shared_ptr<Stream> s;
   if (acmeError_t e = find_stream(stream, "acmeStreamSynchronize", &s)) return e;
   s->drain();
-  return acmeSuccess;
+//> ch06 stream-sync-return < ch18 stream-sync-return
+//   return acmeSuccess;
+//< ch06 stream-sync-return
+//> ch18 stream-sync-return
+  return acme::internal::take_failure(s->device, "acmeStreamSynchronize");
+//< ch18 stream-sync-return
 }
 
 acmeError_t acmeStreamWaitEvent(acmeStream_t stream, acmeEvent_t event) {
@@ -322,16 +431,22 @@ acmeError_t acmeLaunchSleepKernel(acmeStream_t stream, unsigned microseconds) {
 
 acmeError_t acmeDeviceSynchronize(void) {
   if (acmeError_t e = enter()) return e;
-  const int device = acme::internal::current_device();
-  std::vector<std::shared_ptr<Stream>> streams;
-  {
-    Handles& h = handles();
-    std::lock_guard<std::mutex> lock(h.mutex);
-    for (const auto& weak : h.by_device[device])
-      if (auto s = weak.lock()) streams.push_back(std::move(s));
-  }
-  for (const auto& s : streams) s->drain();
-  return acmeSuccess;
+//> ch06 device-sync-body < ch18 device-sync-body
+//   const int device = acme::internal::current_device();
+//   std::vector<std::shared_ptr<Stream>> streams;
+//   {
+//     Handles& h = handles();
+//     std::lock_guard<std::mutex> lock(h.mutex);
+//     for (const auto& weak : h.by_device[device])
+//       if (auto s = weak.lock()) streams.push_back(std::move(s));
+//   }
+//   for (const auto& s : streams) s->drain();
+//   return acmeSuccess;
+//< ch06 device-sync-body
+//> ch18 device-sync-body
+  return acme::internal::synchronize_device(acme::internal::current_device(),
+                                            "acmeDeviceSynchronize");
+//< ch18 device-sync-body
 }
 //< ch06 runtime-stream-api
 
@@ -404,7 +519,12 @@ acmeError_t acmeEventSynchronize(acmeEvent_t event) {
     version = ev->recorded;
   }
   ev->wait_for(version);
-  return acmeSuccess;
+//> ch06 event-sync-return < ch18 event-sync-return
+//   return acmeSuccess;
+//< ch06 event-sync-return
+//> ch18 event-sync-return
+  return acme::internal::take_failure(ev->device, "acmeEventSynchronize");
+//< ch18 event-sync-return
 }
 
 acmeError_t acmeEventElapsedTime(float* ms, acmeEvent_t start, acmeEvent_t end) {
@@ -441,5 +561,48 @@ acmeError_t acmeEventElapsedTime(float* ms, acmeEvent_t start, acmeEvent_t end) 
   return acmeSuccess;
 }
 //< ch06 runtime-event-api
+
+//> ch18 launch-kernel
+
+// A kernel's launch: what the worker needs, and the release owed to the caller.
+struct Launch {
+  std::string name;
+  acmeKernelFunction function = nullptr;
+  void* args = nullptr;
+  void (*release)(void*) = nullptr;
+
+  void done() {
+    if (release) release(args);
+    release = nullptr;
+  }
+  ~Launch() { done(); }  // a launch that never ran still releases its args
+};
+
+acmeError_t acmeLaunchKernel(acmeStream_t stream, const char* name, acmeKernelFunction function,
+                             void* args, void (*release)(void*)) {
+  auto launch = std::make_shared<Launch>();
+  launch->function = function;
+  launch->args = args;
+  launch->release = release;
+  if (acmeError_t e = enter()) return e;
+  if (!name || !function)
+    return fail(acmeErrorInvalidValue, "acmeLaunchKernel: %s is NULL",
+                name ? "function" : "name");
+  launch->name = name;
+  std::shared_ptr<Stream> s;
+  if (acmeError_t e = find_stream(stream, "acmeLaunchKernel", &s)) return e;
+  const int device = s->device;
+  const uint64_t id = s->id;
+  const bool is_default = s->is_default;
+  return acme::internal::submit(stream, "acmeLaunchKernel", [launch, device, id, is_default] {
+    char message[1024] = "";
+    if (launch->function(launch->args, message, sizeof message) != 0) {
+      if (message[0] == '\0') std::snprintf(message, sizeof message, "no message given");
+      record_failure(device, {launch->name, id, is_default, message});
+    }
+    launch->done();  // on the worker, before the stream counts the kernel done
+  });
+}
+//< ch18 launch-kernel
 
 }  // extern "C"

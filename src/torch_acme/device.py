@@ -58,6 +58,13 @@ def synchronize(device=None) -> None:
 #< ch06 synchronize
 
 
+#> ch18 sleep
+def _sleep(microseconds: int) -> None:
+    """Queues a kernel that keeps the current stream busy (torch.cuda._sleep's twin)."""
+    runtime.sleep_kernel(current_stream().native_handle, int(microseconds))
+
+
+#< ch18 sleep
 #> ch06 stream-helpers
 # Streams as torch.cuda users know them. torch.Stream and torch.accelerator
 # reach acme through its device guard; these helpers only name the device.

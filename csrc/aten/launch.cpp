@@ -1,0 +1,125 @@
+//@ ch18
+#include "aten/launch.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/record_function.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/hash.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <unordered_set>
+
+#include "aten/acme_check.h"
+
+namespace acme {
+namespace {
+
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;
+
+// The default streams' handles never change: look each one up once.
+acmeStream_t default_stream(c10::DeviceIndex device) {
+  static std::array<std::atomic<acmeStream_t>, 16> handles{};
+  TORCH_CHECK(device >= 0 && device < 16, kAcme, ": invalid device index ", int{device});
+  acmeStream_t handle = handles[device].load(std::memory_order_acquire);
+  if (!handle) {
+    ACME_CHECK(acmeStreamGetDefault(&handle, device));
+    handles[device].store(handle, std::memory_order_release);
+  }
+  return handle;
+}
+
+// What the worker thread needs to run a kernel, and the runtime's callbacks.
+struct Kernel {
+  std::function<void()> body;
+};
+
+// The (kernel, key) pairs whose probe has passed.
+struct Checked {
+  std::mutex mutex;
+  std::unordered_set<size_t> passed;
+};
+
+Checked& checked() {
+  static Checked* c = new Checked;  // kernels may launch during exit
+  return *c;
+}
+
+int run(void* args, char* message, size_t size) {
+  // The worker is a thread PyTorch never saw: give it the intra-op thread
+  // count the user chose, once.
+  thread_local const bool threads_set = (at::init_num_threads(), true);
+  (void)threads_set;
+  try {
+    // A kernel computes on CPU views that nothing differentiates, and it is
+    // device work, not a host op for the profiler (chapter 19) to list.
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const at::RecordFunctionGuard not_a_host_op(false);
+    static_cast<Kernel*>(args)->body();
+    return 0;
+  } catch (const c10::Error& e) {
+    std::snprintf(message, size, "%s", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    std::snprintf(message, size, "%s", e.what());
+  } catch (...) {
+    std::snprintf(message, size, "an exception that is not a std::exception");
+  }
+  return 1;
+}
+
+void release(void* args) { delete static_cast<Kernel*>(args); }
+
+}  // namespace
+
+acmeStream_t current_stream(c10::DeviceIndex device) {
+  const c10::Stream stream =
+      c10::impl::getDeviceGuardImpl(kAcme)->getStream(c10::Device(kAcme, device));
+  if (stream.id() == 0) return default_stream(device);
+  // Any other id is the runtime's handle itself (chapter 6).
+  return reinterpret_cast<acmeStream_t>(static_cast<uintptr_t>(stream.id()));
+}
+
+void launch_kernel(c10::DeviceIndex device, const char* name, std::function<void()> kernel) {
+  auto* args = new Kernel{std::move(kernel)};
+  // The runtime releases `args` in every case, a failed launch included.
+  ACME_CHECK(acmeLaunchKernel(current_stream(device), name, &run, args, &release));
+}
+
+void check_once(const char* name, c10::ArrayRef<int64_t> key, const std::function<void()>& probe) {
+  size_t hash = std::hash<std::string_view>()(name);
+  for (int64_t k : key) hash = c10::hash_combine(hash, static_cast<size_t>(k));
+  Checked& c = checked();
+  {
+    const std::lock_guard<std::mutex> lock(c.mutex);
+    if (c.passed.count(hash)) return;
+  }
+  {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    probe();  // throws what the kernel would throw
+  }
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  c.passed.insert(hash);
+}
+
+void wait_for_stream(c10::DeviceIndex device) {
+  ACME_CHECK(acmeStreamSynchronize(current_stream(device)));
+}
+
+void stream_wait(c10::DeviceIndex waiting, c10::DeviceIndex done) {
+  if (waiting == done) return;  // one stream orders itself
+  auto* impl = c10::impl::getDeviceGuardImpl(kAcme);
+  c10::Event event(kAcme);
+  event.record(impl->getStream(c10::Device(kAcme, done)));
+  event.block(impl->getStream(c10::Device(kAcme, waiting)));
+}
+
+}  // namespace acme
