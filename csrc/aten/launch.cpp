@@ -38,11 +38,6 @@ acmeStream_t default_stream(c10::DeviceIndex device) {
   return handle;
 }
 
-// What the worker thread needs to run a kernel, and the runtime's callbacks.
-struct Kernel {
-  std::function<void()> body;
-};
-
 // The (kernel, key) pairs whose probe has passed.
 struct Checked {
   std::mutex mutex;
@@ -54,7 +49,17 @@ Checked& checked() {
   return *c;
 }
 
-int run(void* args, char* message, size_t size) {
+}  // namespace
+
+acmeStream_t current_stream(c10::DeviceIndex device) {
+  const c10::Stream stream =
+      c10::impl::getDeviceGuardImpl(kAcme)->getStream(c10::Device(kAcme, device));
+  if (stream.id() == 0) return default_stream(device);
+  // Any other id is the runtime's handle itself (chapter 6).
+  return reinterpret_cast<acmeStream_t>(static_cast<uintptr_t>(stream.id()));
+}
+
+int run_kernel_body(void (*call)(void*), void* body, char* message, size_t size) {
   // The worker is a thread PyTorch never saw: give it the intra-op thread
   // count the user chose, once.
   thread_local const bool threads_set = (at::init_num_threads(), true);
@@ -64,7 +69,7 @@ int run(void* args, char* message, size_t size) {
     // device work, not a host op for the profiler (chapter 19) to list.
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     const at::RecordFunctionGuard not_a_host_op(false);
-    static_cast<Kernel*>(args)->body();
+    call(body);
     return 0;
   } catch (const c10::Error& e) {
     std::snprintf(message, size, "%s", e.what_without_backtrace());
@@ -76,36 +81,30 @@ int run(void* args, char* message, size_t size) {
   return 1;
 }
 
-void release(void* args) { delete static_cast<Kernel*>(args); }
-
-}  // namespace
-
-acmeStream_t current_stream(c10::DeviceIndex device) {
-  const c10::Stream stream =
-      c10::impl::getDeviceGuardImpl(kAcme)->getStream(c10::Device(kAcme, device));
-  if (stream.id() == 0) return default_stream(device);
-  // Any other id is the runtime's handle itself (chapter 6).
-  return reinterpret_cast<acmeStream_t>(static_cast<uintptr_t>(stream.id()));
-}
-
-void launch_kernel(c10::DeviceIndex device, const char* name, std::function<void()> kernel) {
-  auto* args = new Kernel{std::move(kernel)};
+void launch_on(c10::DeviceIndex device, const char* name, acmeKernelFunction run, void* args,
+               void (*release)(void*)) {
   // The runtime releases `args` in every case, a failed launch included.
-  ACME_CHECK(acmeLaunchKernel(current_stream(device), name, &run, args, &release));
+  ACME_CHECK(acmeLaunchKernel(current_stream(device), name, run, args, release));
 }
 
 void check_once(const char* name, c10::ArrayRef<int64_t> key, const std::function<void()>& probe) {
   size_t hash = std::hash<std::string_view>()(name);
   for (int64_t k : key) hash = c10::hash_combine(hash, static_cast<size_t>(k));
+  thread_local std::unordered_set<size_t> passed_here;  // no lock on the common path
+  if (passed_here.count(hash)) return;
   Checked& c = checked();
   {
     const std::lock_guard<std::mutex> lock(c.mutex);
-    if (c.passed.count(hash)) return;
+    if (c.passed.count(hash)) {
+      passed_here.insert(hash);
+      return;
+    }
   }
   {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     probe();  // throws what the kernel would throw
   }
+  passed_here.insert(hash);
   const std::lock_guard<std::mutex> lock(c.mutex);
   c.passed.insert(hash);
 }

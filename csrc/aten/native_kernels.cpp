@@ -453,7 +453,7 @@ void launch(const char* name, at::TensorIteratorBase& iter, Builder rebuild,
   const int n = iter.ntensors();
   TORCH_INTERNAL_ASSERT(n == 1 || (rebuild && n == 3), kAcme, ": no rebuild for ", name);
   DeviceViews view(DeviceViews::kForLaunch);
-  std::array<at::Tensor, 3> views, stand_ins;
+  std::array<at::Tensor, 3> views;
   std::array<std::optional<c10::Scalar>, 3> scalars;  // CPU scalars' values
   std::array<at::ScalarType, 3> dtypes{};
   std::array<bool, 3> wrapped{};
@@ -468,12 +468,15 @@ void launch(const char* name, at::TensorIteratorBase& iter, Builder rebuild,
       scalars[i] = at::Tensor(t).item();
       wrapped[i] = t.unsafeGetTensorImpl()->is_wrapped_number();
     }
-    const auto on_host = t.options().device(at::kCPU);
-    stand_ins[i] = on_device ? at::ones({1}, on_host) : at::scalar_tensor(1, on_host);
-    if (wrapped[i]) stand_ins[i].unsafeGetTensorImpl()->set_wrapped_number(true);
-    key.append({static_cast<int64_t>(t.scalar_type()), wrapped[i]});
+    key.append({static_cast<int64_t>(t.scalar_type()), wrapped[i], on_device});
   }
   check_once(name, key, [&] {
+    std::array<at::Tensor, 3> stand_ins;
+    for (int i = 0; i < n; ++i) {
+      const auto on_host = at::TensorOptions().dtype(dtypes[i]);
+      stand_ins[i] = scalars[i] ? at::scalar_tensor(1, on_host) : at::ones({1}, on_host);
+      if (wrapped[i]) stand_ins[i].unsafeGetTensorImpl()->set_wrapped_number(true);
+    }
     at::TensorIterator it = on_cpu(rebuild, stand_ins);
     cpu_kernel(it);
   });

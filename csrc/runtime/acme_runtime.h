@@ -333,7 +333,8 @@ ACME_API acmeError_t acmeIpcCloseMemHandle(void* devPtr);
 typedef int (*acmeKernelFunction)(void* args, char* message, size_t messageSize);
 
 /* Queues `function(args, ...)` on stream (NULL: the current device's default
- * stream). `name` (copied) names the kernel in errors and traces. `release`,
+ * stream). `name` (its first 63 bytes copied) names the kernel in errors and
+ * traces. `release`,
  * if not NULL, is called with args exactly once: after the kernel ran, on the
  * worker thread, or before acmeLaunchKernel returns if it fails to queue. */
 ACME_API acmeError_t acmeLaunchKernel(acmeStream_t stream, const char* name,

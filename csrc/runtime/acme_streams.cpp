@@ -13,8 +13,10 @@
 #include <memory>
 #include <mutex>
 //> ch18 streams-includes
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 //< ch18 streams-includes
 #include <system_error>
@@ -77,14 +79,25 @@ struct Stream {
   std::deque<std::pair<std::function<void()>, std::function<void()>>> queue;
   uint64_t submitted = 0, completed = 0;
   bool stopping = false;
+//> ch18 stream-spin-state
+  std::atomic<uint64_t> queued{0};  // `submitted`, for a worker looking without the lock
+  bool worker_asleep = false;
+//< ch18 stream-spin-state
 
-  void push(std::function<void()> work, std::function<void()> then = {}) {
+  // False if the stream is being destroyed: its worker may be gone already.
+  bool push(std::function<void()> work, std::function<void()> then = {}) {
     {
       std::lock_guard<std::mutex> lock(mutex);
+      if (stopping) return false;
       queue.emplace_back(std::move(work), std::move(then));
       ++submitted;
+//> ch18 push-wakes
+      queued.store(submitted, std::memory_order_release);
+      if (!worker_asleep) return true;  // a busy or spinning worker finds it
+//< ch18 push-wakes
     }
     changed.notify_all();
+    return true;
   }
 
   bool idle() {
@@ -114,7 +127,24 @@ void serve(std::shared_ptr<Stream> s) {
   (void)enter();  // the signal stack checked mode wants on every thread
   std::unique_lock<std::mutex> lock(s->mutex);
   for (;;) {
+//> ch06 serve-wait < ch18 serve-wait
+//     s->changed.wait(lock, [&] { return !s->queue.empty() || s->stopping; });
+//< ch06 serve-wait
+//> ch18 serve-wait
+    // Kernels come in bursts: look for the next one for a little while
+    // before sleeping, which spares each launch the cost of waking the worker.
+    if (s->queue.empty() && !s->stopping) {
+      const uint64_t seen = s->submitted;
+      lock.unlock();
+      const auto until = Clock::now() + std::chrono::microseconds(50);
+      while (s->queued.load(std::memory_order_acquire) == seen && Clock::now() < until) {
+      }
+      lock.lock();
+    }
+    s->worker_asleep = true;
     s->changed.wait(lock, [&] { return !s->queue.empty() || s->stopping; });
+    s->worker_asleep = false;
+//< ch18 serve-wait
     if (s->queue.empty()) return;  // stopping, and nothing left to do
     auto [work, then] = std::move(s->queue.front());
     s->queue.pop_front();
@@ -279,7 +309,8 @@ acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller,
                                    std::function<void()> work) {
   std::shared_ptr<Stream> s;
   if (acmeError_t e = find_stream(stream, caller, &s)) return e;
-  s->push(std::move(work));
+  if (!s->push(std::move(work)))  // destroyed since find_stream looked it up
+    return fail(acmeErrorInvalidHandle, "%s: stream %" PRIu64 " was destroyed", caller, s->id);
 //> ch18 submit-blocking
   // ACME_LAUNCH_BLOCKING=1: the launch is over only when its work is, and a
   // failure is reported here, at the line that caused it.
@@ -418,7 +449,9 @@ acmeError_t acmeStreamWaitEvent(acmeStream_t stream, acmeEvent_t event) {
   }
   if (version == 0) return acmeSuccess;  // never recorded: nothing to wait for
   // The worker blocks on the event; work queued behind the wait waits too.
-  s->push([ev, version] { ev->wait_for(version); });
+  if (!s->push([ev, version] { ev->wait_for(version); }))
+    return fail(acmeErrorInvalidHandle, "acmeStreamWaitEvent: stream %" PRIu64 " was destroyed",
+                s->id);
   return acmeSuccess;
 }
 
@@ -495,7 +528,11 @@ acmeError_t acmeEventRecord(acmeEvent_t event, acmeStream_t stream) {
     std::lock_guard<std::mutex> lock(ev->mutex);
     version = ++ev->recorded;
   }
-  s->push({}, [ev, version] { ev->complete(version); });
+  if (!s->push({}, [ev, version] { ev->complete(version); })) {
+    ev->complete(version);  // no stream will reach the mark: never leave a waiter hanging
+    return fail(acmeErrorInvalidHandle, "acmeEventRecord: stream %" PRIu64 " was destroyed",
+                s->id);
+  }
   return acmeSuccess;
 }
 
@@ -564,44 +601,52 @@ acmeError_t acmeEventElapsedTime(float* ms, acmeEvent_t start, acmeEvent_t end) 
 
 //> ch18 launch-kernel
 
-// A kernel's launch: what the worker needs, and the release owed to the caller.
+// A kernel's launch: what the worker needs, and the release owed to the
+// caller. One allocation per launch, freed by the worker once it ran.
 struct Launch {
-  std::string name;
-  acmeKernelFunction function = nullptr;
-  void* args = nullptr;
-  void (*release)(void*) = nullptr;
+  char name[64];
+  acmeKernelFunction function;
+  void* args;
+  void (*release)(void*);
+  int device;
+  uint64_t stream;
+  bool default_stream;
 
-  void done() {
-    if (release) release(args);
-    release = nullptr;
+  void run() {
+    char message[1024] = "";
+    if (function(args, message, sizeof message) != 0) {
+      if (message[0] == '\0') std::snprintf(message, sizeof message, "no message given");
+      record_failure(device, {name, stream, default_stream, message});
+    }
+    if (release) release(args);  // on the worker, before the stream counts it done
   }
-  ~Launch() { done(); }  // a launch that never ran still releases its args
 };
 
 acmeError_t acmeLaunchKernel(acmeStream_t stream, const char* name, acmeKernelFunction function,
                              void* args, void (*release)(void*)) {
-  auto launch = std::make_shared<Launch>();
-  launch->function = function;
-  launch->args = args;
-  launch->release = release;
-  if (acmeError_t e = enter()) return e;
+  auto refuse = [&](acmeError_t e) {  // every way out releases args exactly once
+    if (release) release(args);
+    return e;
+  };
+  if (acmeError_t e = enter()) return refuse(e);
   if (!name || !function)
-    return fail(acmeErrorInvalidValue, "acmeLaunchKernel: %s is NULL",
-                name ? "function" : "name");
-  launch->name = name;
+    return refuse(fail(acmeErrorInvalidValue, "acmeLaunchKernel: %s is NULL",
+                       name ? "function" : "name"));
   std::shared_ptr<Stream> s;
-  if (acmeError_t e = find_stream(stream, "acmeLaunchKernel", &s)) return e;
-  const int device = s->device;
-  const uint64_t id = s->id;
-  const bool is_default = s->is_default;
-  return acme::internal::submit(stream, "acmeLaunchKernel", [launch, device, id, is_default] {
-    char message[1024] = "";
-    if (launch->function(launch->args, message, sizeof message) != 0) {
-      if (message[0] == '\0') std::snprintf(message, sizeof message, "no message given");
-      record_failure(device, {launch->name, id, is_default, message});
-    }
-    launch->done();  // on the worker, before the stream counts the kernel done
-  });
+  if (acmeError_t e = find_stream(stream, "acmeLaunchKernel", &s)) return refuse(e);
+  auto* launch = new Launch{{}, function, args, release, s->device, s->id, s->is_default};
+  std::strncpy(launch->name, name, sizeof launch->name - 1);
+  if (!s->push([launch] {
+        launch->run();
+        delete launch;
+      })) {
+    delete launch;
+    return refuse(fail(acmeErrorInvalidHandle, "acmeLaunchKernel: stream %" PRIu64
+                       " was destroyed", s->id));
+  }
+  if (!acme::internal::launch_blocking()) return acmeSuccess;
+  s->drain();  // ACME_LAUNCH_BLOCKING=1, as in submit
+  return acme::internal::take_failure(s->device, "acmeLaunchKernel");
 }
 //< ch18 launch-kernel
 

@@ -46,16 +46,27 @@ def set_device(device) -> None:
 # def synchronize(device=None) -> None:
 #     runtime.synchronize()
 #< ch01 synchronize
-#> ch06 synchronize
-def synchronize(device=None) -> None:
-    """Waits for all work on every stream of `device` (default: the current one)."""
-    previous = runtime.current_device()
-    runtime.set_device(_index_or_current(device))
-    try:
-        runtime.synchronize()
-    finally:
-        runtime.set_device(previous)
+#> ch06 synchronize < ch18 synchronize
+# def synchronize(device=None) -> None:
+#     """Waits for all work on every stream of `device` (default: the current one)."""
+#     previous = runtime.current_device()
+#     runtime.set_device(_index_or_current(device))
+#     try:
+#         runtime.synchronize()
+#     finally:
+#         runtime.set_device(previous)
 #< ch06 synchronize
+#> ch18 synchronize
+def synchronize(device=None) -> None:
+    """Waits for all work on every stream of `device` (default: the current one).
+
+    Through PyTorch's accelerator API, so that a kernel's failure arrives as
+    torch.AcceleratorError, as from torch.cuda.synchronize().
+    """
+    import torch
+
+    torch.accelerator.synchronize(_index_or_current(device))
+#< ch18 synchronize
 
 
 #> ch18 sleep
