@@ -223,8 +223,12 @@ def asynchronous(torch, dev: str, rounds: int, compare, timed) -> dict:
         torch.accelerator.synchronize()
         cpu_op.append(timed(lambda: a + b, 2000))
 
-    # A 16 MiB copy from pinned memory on one stream, a matrix product on the
-    # default stream, each alone and both at once.
+    # A 16 MiB copy from pinned memory on a second stream beside work on the
+    # default stream, each alone and both at once. The work is a 2 ms kernel
+    # that leaves the host's cores to the copy, as a real device's compute
+    # leaves its copy engine alone (torch.acme._sleep, the stand-in
+    # torch.cuda._sleep is for CUDA); and a 1024x1024 product, which on this
+    # simulated device takes the same cores as the copy.
     side = torch.Stream(device=dev)
     pinned = torch.rand(4 << 20).pin_memory()
     m = torch.rand(1024, 1024).to(dev)
@@ -233,28 +237,29 @@ def asynchronous(torch, dev: str, rounds: int, compare, timed) -> dict:
         with torch.acme.stream(side):
             pinned.to(dev, non_blocking=True)
 
-    def product():
-        m @ m
+    def overlap(work) -> dict:
+        def both():
+            copy()
+            work()
 
-    def both():
-        copy()
-        product()
+        alone_copy, alone_work, together, ratios = [], [], [], []
+        for _ in range(rounds):
+            c = timed(copy, 5, device_work=True)
+            w = timed(work, 5, device_work=True)
+            t = timed(both, 5, device_work=True)
+            alone_copy.append(c)
+            alone_work.append(w)
+            together.append(t)
+            ratios.append(t / (c + w))
+        return {"copy_s": statistics.median(alone_copy), "work_s": statistics.median(alone_work),
+                "together_s": statistics.median(together), "ratio": statistics.median(ratios),
+                "ratios": ratios}
 
-    alone_copy, alone_product, together, ratios = [], [], [], []
-    for _ in range(rounds):
-        c = timed(copy, 5, device_work=True)
-        p = timed(product, 5, device_work=True)
-        t = timed(both, 5, device_work=True)
-        alone_copy.append(c)
-        alone_product.append(p)
-        together.append(t)
-        ratios.append(t / (c + p))
     return {
         "chain": chained,
         "launch_s": statistics.median(launch), "cpu_op_s": statistics.median(cpu_op),
-        "copy_s": statistics.median(alone_copy), "product_s": statistics.median(alone_product),
-        "together_s": statistics.median(together),
-        "overlap_ratio": statistics.median(ratios), "overlap_ratios": ratios,
+        "overlap_kernel": overlap(lambda: torch.acme._sleep(2000)),
+        "overlap_product": overlap(lambda: m @ m),
     }
 
 
@@ -548,18 +553,22 @@ def async_section(results: dict) -> list[str]:
         if not a:
             return []
         c = a["chain"]
+        cells = [f"{o['copy_s'] * 1e3:.2f} + {o['work_s'] * 1e3:.2f} ms alone, "
+                 f"{o['together_s'] * 1e3:.2f} ms together ({o['ratio']:.2f} of the sum)"
+                 for o in (a["overlap_kernel"], a["overlap_product"])]
         rows.append(f"| {mode(checked)} | {spread(c)} | {a['launch_s'] * 1e6:.1f} us | "
-                    f"{a['cpu_op_s'] * 1e6:.1f} us | {a['copy_s'] * 1e3:.2f} ms | "
-                    f"{a['product_s'] * 1e3:.2f} ms | {a['together_s'] * 1e3:.2f} ms "
-                    f"({a['overlap_ratio']:.2f} of the sum) |")
+                    f"{a['cpu_op_s'] * 1e6:.1f} us | " + " | ".join(cells) + " |")
     return [f"**Asynchronous execution** (stage {NATIVE}, chapter 18). A chain of 1,000 "
             "dependent ops on 64 elements then `synchronize()`, acme / CPU; the host's time "
             "per `a + b` launch (queued back to back, no synchronize in the span) next to the "
             "CPU's time for the same op; a 16 MiB `non_blocking` copy from pinned memory on a "
-            "second stream and a 1024x1024 product on the default stream, each alone and both "
-            "at once.", "",
-            "| mode | 1,000-op chain, acme / CPU | launch (host) | CPU op | copy alone | "
-            "product alone | both |", "| --- | --- | --- | --- | --- | --- | --- |",
+            "second stream beside work on the default stream, each alone and both at once. "
+            "The work is first a 2 ms kernel that leaves the host's cores free "
+            "(`torch.acme._sleep`, standing in for a device's compute units, which leave its "
+            "copy engine alone), then a 1024x1024 product, which on this simulated device "
+            "competes with the copy for the same two cores.", "",
+            "| mode | 1,000-op chain, acme / CPU | launch (host) | CPU op | copy + 2 ms kernel | "
+            "copy + product |", "| --- | --- | --- | --- | --- | --- |",
             *rows, ""]
 
 
@@ -633,7 +642,7 @@ def report(results: dict) -> str:
          "peak_over_steady", lambda t: f"{t['value']:.2f}"),
         (f"native (stage {NATIVE}) 1,000 dependent small ops + `synchronize()` <= "
          f"{TARGETS['chain']}x CPU", "chain", ratio),
-        (f"native (stage {NATIVE}) 16 MiB pinned copy on one stream beside a 1024x1024 product "
+        (f"native (stage {NATIVE}) 16 MiB pinned copy on one stream beside a 2 ms kernel "
          "on another: together / (the two alone) < 1", "overlap",
          lambda t: f"{t['value']:.2f}: {verdict(t['met'])}"),
     ]
@@ -817,7 +826,7 @@ def targets(runs: dict) -> dict:
         asynchronous = native.get("async")
         if asynchronous:
             chain = asynchronous["chain"]["ratio"]
-            overlap = asynchronous["overlap_ratio"]
+            overlap = asynchronous["overlap_kernel"]["ratio"]
             verdicts[mode(checked)]["chain"] = {"value": chain, "met": chain <= TARGETS["chain"]}
             verdicts[mode(checked)]["overlap"] = {"value": overlap,
                                                   "met": overlap < TARGETS["overlap"]}
