@@ -186,3 +186,35 @@ def composites_where_the_cpu_has_a_kernel(composite_key: str) -> list[str]:
             if has(composite_key):
                 found.append(op)
     return found
+
+
+def run_threads(target, count: int, timeout: float = 300) -> None:
+    """Runs target(index) on `count` threads started together; re-raises the first failure.
+
+    PyTorch releases the GIL inside its ops, so the threads really do run the
+    backend concurrently. A thread still running after `timeout` seconds fails
+    the test as a hang.
+    """
+    import threading
+    import warnings
+
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)  # start together, for the most overlap
+
+    def body(index):
+        try:
+            barrier.wait()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the fallback's one-time notices
+                target(index)
+        except BaseException as error:  # noqa: BLE001 - reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "a thread hangs"
+    if errors:
+        raise errors[0]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import textwrap
-import threading
 import time
 import timeit
 import warnings
@@ -28,7 +27,7 @@ import pytest
 import torch
 
 import torch_acme  # noqa: F401 - registers torch.acme
-from conftest import LAST, run_in_stage
+from conftest import LAST, run_in_stage, run_threads
 from torch_acme import runtime
 
 pytestmark = [
@@ -547,8 +546,6 @@ def test_a_host_run_kernel_does_not_overwrite_what_queued_kernels_read():
 
 def test_threads_streams_and_events_lose_and_reorder_nothing():
     threads, iterations = 4, 1000
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(threads)
 
     def work(index):
         rng = torch.Generator().manual_seed(1800 + index)
@@ -596,23 +593,7 @@ def test_threads_streams_and_events_lose_and_reorder_nothing():
             with default[d]:
                 assert torch.equal(c.cpu(), expected), (index, i, d)
 
-    def body(index):
-        try:
-            barrier.wait()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                work(index)
-        except BaseException as error:  # noqa: BLE001 - reported by the main thread
-            errors.append(error)
-
-    workers = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in workers), "a thread hangs"
-    if errors:
-        raise errors[0].with_traceback(errors[0].__traceback__)
+    run_threads(work, threads, timeout=120)
     for d in (0, 1):
         torch.acme.synchronize(d)
     assert torch.acme.current_device() == 0

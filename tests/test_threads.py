@@ -16,8 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
-import warnings
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ import torch
 
 import torch_acme
 from conftest import LAST, ROOT, device_memory_in_use
+from conftest import run_threads as shared_run_threads
 from torch_acme import _build_info, runtime
 
 pytestmark = pytest.mark.skipif(_build_info.STAGE != LAST,
@@ -35,27 +34,7 @@ ITERATIONS = 1000
 
 
 def run_threads(target, count=THREADS):
-    """Runs target(index) on `count` threads; re-raises the first failure."""
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(count)  # start together, for the most overlap
-
-    def body(index):
-        try:
-            barrier.wait()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the fallback's one-time notices
-                target(index)
-        except BaseException as error:  # noqa: BLE001 - reported by the main thread
-            errors.append(error)
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads), "a thread hangs"
-    if errors:
-        raise errors[0]
+    shared_run_threads(target, count)
 
 
 def test_threads_compute_on_both_devices():
