@@ -308,6 +308,19 @@ c10::SmallVector<int64_t, 12> dtypes_and_ranks(const Args&... args) {
   return key;
 }
 
+// An empty result (the last tensor argument): nothing for a kernel to do.
+template <class... Args>
+bool writes_nothing(const Args&... args) {
+  int64_t last = -1;
+  auto note = [&](const auto& a) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) {
+      if (a.defined()) last = a.numel();
+    }
+  };
+  (note(args), ...);
+  return last == 0;
+}
+
 // The probe's arguments: each tensor a zero-filled CPU tensor of its dtype and
 // rank with every size 1, the rest as the kernel gets them.
 at::Tensor stand_in(DeviceViews&, const at::Tensor& t) {
@@ -340,6 +353,10 @@ void run_impl(Form& form, const Args&... args) {
   } else {
     DeviceViews view(DeviceViews::kForLaunch);
     auto impl = [](const auto&... a) { Functional<Op>().impl(pass(a)...); };
+    if (writes_nothing(args...)) {  // the CPU impl decides, on the host, what to refuse
+      std::apply(impl, std::make_tuple(hold(view, args)...));
+      return;
+    }
     check_once(Op::name, dtypes_and_ranks(args...),
                [&] { std::apply(impl, std::make_tuple(stand_in(view, args)...)); });
     launch_kernel(device_of(args...), Op::name,
@@ -449,7 +466,6 @@ at::TensorIterator on_cpu(Builder rebuild, std::array<at::Tensor, 3>& operands) 
 template <class Kernel>
 void launch(const char* name, at::TensorIteratorBase& iter, Builder rebuild,
             const Kernel& cpu_kernel) {
-  if (iter.numel() == 0) return;
   const int n = iter.ntensors();
   TORCH_INTERNAL_ASSERT(n == 1 || (rebuild && n == 3), kAcme, ": no rebuild for ", name);
   DeviceViews view(DeviceViews::kForLaunch);
@@ -480,6 +496,9 @@ void launch(const char* name, at::TensorIteratorBase& iter, Builder rebuild,
     at::TensorIterator it = on_cpu(rebuild, stand_ins);
     cpu_kernel(it);
   });
+  // Probed even when empty, so an empty tensor of a dtype the kernel does not
+  // support is refused as the CPU refuses it; then there is nothing to run.
+  if (iter.numel() == 0) return;
   launch_kernel(iter.device(0).index(), name,
                 [views, scalars, dtypes, wrapped, n, rebuild, cpu_kernel]() mutable {
     for (int i = 0; i < n; ++i) {
