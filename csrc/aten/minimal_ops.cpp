@@ -171,8 +171,8 @@ void copy_bytes(void* dst, const void* src, size_t count, acmeMemcpyKind kind) {
   const acmeStream_t stream = current_stream(device);
   ACME_CHECK(acmeMemcpyAsync(dst, src, count, kind, stream));
   if (to >= 0 && from >= 0) stream_wait(from, to);
-  if (kind == acmeMemcpyHostToDevice && is_pinned(src)) ACME_CHECK(acmeStreamSynchronize(stream));
-  if (kind == acmeMemcpyDeviceToHost && is_pinned(dst)) ACME_CHECK(acmeStreamSynchronize(stream));
+  const void* host = from < 0 ? src : to < 0 ? dst : nullptr;
+  if (host && is_pinned(host)) ACME_CHECK(acmeStreamSynchronize(stream));
 }
 //< ch18 copy-bytes
 

@@ -281,30 +281,33 @@ const T& pass(const T& v) {
   return v;
 }
 
-// The device of the first acme tensor among the arguments (they share one),
-// and the dtypes of the tensors: what a launch is keyed on.
+// Calls f on each tensor among an impl's arguments, in order.
+template <class F, class... Args>
+void for_each_tensor(F&& f, const Args&... args) {
+  auto one = [&](const auto& a) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) f(a);
+  };
+  (one(args), ...);
+}
+
+// The device of the first acme tensor among the arguments (they share one).
 template <class... Args>
 c10::DeviceIndex device_of(const Args&... args) {
   c10::DeviceIndex device = -1;
-  auto note = [&](const auto& a) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) {
-      if (device < 0 && a.defined() && a.device().type() == kAcme) device = a.device().index();
-    }
-  };
-  (note(args), ...);
+  for_each_tensor([&](const at::Tensor& t) {
+    if (device < 0 && t.defined() && t.device().type() == kAcme) device = t.device().index();
+  }, args...);
   return device;
 }
 
+// What a probe is keyed on: each tensor's dtype and rank.
 template <class... Args>
 c10::SmallVector<int64_t, 12> dtypes_and_ranks(const Args&... args) {
   c10::SmallVector<int64_t, 12> key;
-  auto note = [&](const auto& a) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) {
-      key.push_back(a.defined() ? static_cast<int64_t>(a.scalar_type()) : -1);
-      key.push_back(a.defined() ? a.dim() : -1);
-    }
-  };
-  (note(args), ...);
+  for_each_tensor([&](const at::Tensor& t) {
+    key.append({t.defined() ? static_cast<int64_t>(t.scalar_type()) : -1,
+                t.defined() ? t.dim() : -1});
+  }, args...);
   return key;
 }
 
@@ -312,12 +315,9 @@ c10::SmallVector<int64_t, 12> dtypes_and_ranks(const Args&... args) {
 template <class... Args>
 bool writes_nothing(const Args&... args) {
   int64_t last = -1;
-  auto note = [&](const auto& a) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) {
-      if (a.defined()) last = a.numel();
-    }
-  };
-  (note(args), ...);
+  for_each_tensor([&](const at::Tensor& t) {
+    if (t.defined()) last = t.numel();
+  }, args...);
   return last == 0;
 }
 
@@ -452,6 +452,14 @@ using Builder = at::TensorIterator (*)(at::TensorBase&, const at::TensorBase&,
 // memory) and the value of each CPU scalar as it is now. On the worker, the
 // kernel rebuilds the iterator on the CPU over them, with the builder the
 // op's meta used, and runs the CPU kernel there (a nullary fill needs none).
+// A CPU scalar operand, made again from its value (a wrapped number promotes
+// as a Python number does, so the flag travels too).
+at::Tensor cpu_scalar(const c10::Scalar& value, at::ScalarType dtype, bool wrapped) {
+  at::Tensor t = at::scalar_tensor(value, at::TensorOptions().dtype(dtype));
+  if (wrapped) t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
 at::TensorIterator on_cpu(Builder rebuild, std::array<at::Tensor, 3>& operands) {
   at::TensorBase out = operands[0];
   if (rebuild) return rebuild(out, operands[1], operands[2]);
@@ -489,9 +497,8 @@ void launch(const char* name, at::TensorIteratorBase& iter, Builder rebuild,
   check_once(name, key, [&] {
     std::array<at::Tensor, 3> stand_ins;
     for (int i = 0; i < n; ++i) {
-      const auto on_host = at::TensorOptions().dtype(dtypes[i]);
-      stand_ins[i] = scalars[i] ? at::scalar_tensor(1, on_host) : at::ones({1}, on_host);
-      if (wrapped[i]) stand_ins[i].unsafeGetTensorImpl()->set_wrapped_number(true);
+      stand_ins[i] = scalars[i] ? cpu_scalar(1, dtypes[i], wrapped[i])
+                                : at::ones({1}, at::TensorOptions().dtype(dtypes[i]));
     }
     at::TensorIterator it = on_cpu(rebuild, stand_ins);
     cpu_kernel(it);
@@ -502,9 +509,7 @@ void launch(const char* name, at::TensorIteratorBase& iter, Builder rebuild,
   launch_kernel(iter.device(0).index(), name,
                 [views, scalars, dtypes, wrapped, n, rebuild, cpu_kernel]() mutable {
     for (int i = 0; i < n; ++i) {
-      if (!scalars[i]) continue;
-      views[i] = at::scalar_tensor(*scalars[i], at::TensorOptions().dtype(dtypes[i]));
-      if (wrapped[i]) views[i].unsafeGetTensorImpl()->set_wrapped_number(true);
+      if (scalars[i]) views[i] = cpu_scalar(*scalars[i], dtypes[i], wrapped[i]);
     }
     at::TensorIterator it = on_cpu(rebuild, views);
     cpu_kernel(it);

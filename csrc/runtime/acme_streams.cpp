@@ -121,6 +121,11 @@ struct Stream {
   }
 };
 
+// What a call that queues work says when `push` refused it.
+acmeError_t destroyed(const Stream& s, const char* caller) {
+  return fail(acmeErrorInvalidHandle, "%s: stream %" PRIu64 " was destroyed", caller, s.id);
+}
+
 // The worker: runs the queue in order, one item at a time. It owns a reference
 // to the stream, so a destroyed stream finishes its queue before going away.
 void serve(std::shared_ptr<Stream> s) {
@@ -290,6 +295,13 @@ void record_failure(int device, KernelFailure failure) {
   f.by_device.try_emplace(device, std::move(failure));  // the first one stays
 }
 
+// ACME_LAUNCH_BLOCKING=1: a launch is over only when its work is, and a
+// failure is reported by the launch, at the line that caused it.
+acmeError_t finish_blocking(Stream& s, const char* caller) {
+  s.drain();
+  return acme::internal::take_failure(s.device, caller);
+}
+
 // Waits for everything queued on the device's streams so far.
 void drain_device(int device) {
   std::vector<std::shared_ptr<Stream>> streams;
@@ -309,15 +321,9 @@ acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller,
                                    std::function<void()> work) {
   std::shared_ptr<Stream> s;
   if (acmeError_t e = find_stream(stream, caller, &s)) return e;
-  if (!s->push(std::move(work)))  // destroyed since find_stream looked it up
-    return fail(acmeErrorInvalidHandle, "%s: stream %" PRIu64 " was destroyed", caller, s->id);
+  if (!s->push(std::move(work))) return destroyed(*s, caller);  // since find_stream
 //> ch18 submit-blocking
-  // ACME_LAUNCH_BLOCKING=1: the launch is over only when its work is, and a
-  // failure is reported here, at the line that caused it.
-  if (launch_blocking()) {
-    s->drain();
-    return take_failure(s->device, caller);
-  }
+  if (launch_blocking()) return finish_blocking(*s, caller);
 //< ch18 submit-blocking
   return acmeSuccess;
 }
@@ -450,8 +456,7 @@ acmeError_t acmeStreamWaitEvent(acmeStream_t stream, acmeEvent_t event) {
   if (version == 0) return acmeSuccess;  // never recorded: nothing to wait for
   // The worker blocks on the event; work queued behind the wait waits too.
   if (!s->push([ev, version] { ev->wait_for(version); }))
-    return fail(acmeErrorInvalidHandle, "acmeStreamWaitEvent: stream %" PRIu64 " was destroyed",
-                s->id);
+    return destroyed(*s, "acmeStreamWaitEvent");
   return acmeSuccess;
 }
 
@@ -530,8 +535,7 @@ acmeError_t acmeEventRecord(acmeEvent_t event, acmeStream_t stream) {
   }
   if (!s->push({}, [ev, version] { ev->complete(version); })) {
     ev->complete(version);  // no stream will reach the mark: never leave a waiter hanging
-    return fail(acmeErrorInvalidHandle, "acmeEventRecord: stream %" PRIu64 " was destroyed",
-                s->id);
+    return destroyed(*s, "acmeEventRecord");
   }
   return acmeSuccess;
 }
@@ -641,12 +645,10 @@ acmeError_t acmeLaunchKernel(acmeStream_t stream, const char* name, acmeKernelFu
         delete launch;
       })) {
     delete launch;
-    return refuse(fail(acmeErrorInvalidHandle, "acmeLaunchKernel: stream %" PRIu64
-                       " was destroyed", s->id));
+    return refuse(destroyed(*s, "acmeLaunchKernel"));
   }
   if (!acme::internal::launch_blocking()) return acmeSuccess;
-  s->drain();  // ACME_LAUNCH_BLOCKING=1, as in submit
-  return acme::internal::take_failure(s->device, "acmeLaunchKernel");
+  return finish_blocking(*s, "acmeLaunchKernel");
 }
 //< ch18 launch-kernel
 
