@@ -283,12 +283,28 @@ def ch18_async():
                                                             atol=1e-3)
 
 
+def ch19_profiler():
+    import torch
+    import torch_acme  # noqa: F401
+    from torch.profiler import ProfilerActivity, profile
+
+    # torch.profiler records the product's kernel as device work on acme,
+    # linked to the aten::mm that launched it. (Before, no device activity.)
+    x = torch.rand(64, 64, device=device())
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        x @ x
+    ops = {e.id: e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU}
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1
+               and e.name == "aten::mm"]
+    return len(kernels) == 1 and ops[kernels[0].linked_correlation_id].name == "aten::mm"
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
           11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops,
           14: ch14_conformance, 15: ch15_custom_ops, 16: ch16_storage, 17: ch17_packaging,
-          18: ch18_async}
+          18: ch18_async, 19: ch19_profiler}
 
 
 def main():

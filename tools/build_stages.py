@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 from tools import splitter  # noqa: E402
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+# Glue that plugs into torch.profiler (chapter 19) also reads Kineto's headers.
+KINETO_RE = re.compile(r"^\s*#\s*include\s+<torch/csrc/profiler/", re.M)
 CXXFLAGS = ["-std=c++20", "-O2", "-g0", "-fPIC", "-fvisibility-inlines-hidden", "-Wall"]
 # --sanitize: appended to CXXFLAGS (the later -O1 and -g win), and given to the
 # links, which then depend on libasan: Python must LD_PRELOAD it (nox -s sanitize).
@@ -101,7 +103,8 @@ def plan_stage(graph: Graph, stage_dir: Path, pkg: Path, torch_libs: str) -> Non
     python = sorted((csrc / "python").glob("*.cpp"))
 
     runtime_objs = [graph.object_for(stage_dir, s, "cxx_runtime") for s in runtime]
-    ext_objs = [graph.object_for(stage_dir, s, "cxx_torch") for s in glue]
+    ext_objs = [graph.object_for(stage_dir, s, "cxx_kineto" if KINETO_RE.search(s.read_text())
+                                 else "cxx_torch") for s in glue]
     ext_objs += [graph.object_for(stage_dir, s, "cxx_python") for s in python]
 
     lib = pkg / "libacme_runtime.so"
@@ -142,7 +145,7 @@ def write_ninja(graph: Graph, flags: dict[str, list[str]], sanitize: bool = Fals
         *(f"{rule}_flags = {' '.join(f)}" for rule, f in flags.items()),
         "",
     ]
-    for rule in ("runtime", "torch", "python"):
+    for rule in ("runtime", "torch", "kineto", "python"):
         lines += [
             f"rule cxx_{rule}",
             f"  command = $cxx $base -I$csrc ${rule}_flags -MMD -MF $out.d -c $in -o $out",
@@ -241,6 +244,7 @@ def build(upto: int | None, out: Path, kernels: bool, jobs: int, sanitize: bool 
     flags = {
         "runtime": [],  # the vendor runtime must build without PyTorch
         "torch": torch_inc,
+        "kineto": torch_inc + [f"-isystem{Path(torch_inc[0].removeprefix('-isystem')) / 'kineto'}"],
         # pybind11 ships inside torch's include dir
         "python": torch_inc + [f"-isystem{sysconfig.get_paths()['include']}"],
     }

@@ -166,9 +166,23 @@ class DeviceCache {
     count(stats_.requested_bytes, small, static_cast<int64_t>(size));
     count(stats_.active, small, 1);
     count(stats_.active_bytes, small, static_cast<int64_t>(block->size));
+//> ch19 report-allocate
+    report_to_profiler(block->ptr, static_cast<int64_t>(block->size));
+//< ch19 report-allocate
     return block;
   }
   //< ch12 cache-allocate
+
+//> ch19 report-memory
+  // torch.profiler(profile_memory=True) records each allocation and free,
+  // with the device's totals; PyTorch makes this a no-op when no profiler asks.
+  void report_to_profiler(void* ptr, int64_t delta) {
+    const auto all = static_cast<size_t>(StatType::AGGREGATE);
+    c10::reportMemoryUsageToProfiler(ptr, delta, stats_.allocated_bytes[all].current,
+                                     stats_.reserved_bytes[all].current,
+                                     c10::Device(kAcme, device_));
+  }
+//< ch19 report-memory
 
   //> ch12 cache-free
   void free(Block* block) {
@@ -177,6 +191,9 @@ class DeviceCache {
     count(stats_.allocation, block->small, -1);
     count(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
     count(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested));
+//> ch19 report-free
+    report_to_profiler(block->ptr, -static_cast<int64_t>(block->size));
+//< ch19 report-free
     if (block->stream_uses.empty()) {
       release(block);
       return;
@@ -318,6 +335,10 @@ class DeviceCache {
     const auto all = static_cast<size_t>(StatType::AGGREGATE);
     const auto allocated = static_cast<size_t>(stats_.allocated_bytes[all].current);
     const auto reserved = static_cast<size_t>(stats_.reserved_bytes[all].current);
+//> ch19 report-oom
+    c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(requested), allocated, reserved,
+                                     c10::Device(kAcme, device_));
+//< ch19 report-oom
     TORCH_CHECK_WITH(OutOfMemoryError, false, kAcme, " out of memory. Tried to allocate ",
                      human(requested), ". Device ", static_cast<int>(device_),
                      " has a total capacity of ", human(total), " of which ", human(free),

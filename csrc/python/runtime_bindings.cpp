@@ -401,4 +401,59 @@ void acme_bind_runtime(py::module_& m) {
       },
       py::arg("ptr"), "True if `ptr` lies in pinned host memory from host_alloc.");
 //< ch11 bind-init
+//> ch19 bind-activity
+  m.def(
+      "activity_enable", [](int enable) { check(acmeActivityEnable(enable)); },
+      py::arg("enable"), "Start (1) or stop (0) recording device activity.");
+  m.def(
+      "activity_flush",
+      [] {
+        static const char* const kinds[] = {"kernel", "memcpy", "memset", "host_call"};
+        py::list records;
+        acmeActivityRecord batch[256];
+        size_t count = 0;
+        do {
+          check(acmeActivityFlush(batch, 256, &count));
+          for (size_t i = 0; i < count; ++i) {
+            const acmeActivityRecord& r = batch[i];
+            py::dict d;
+            d["kind"] = kinds[r.kind];
+            d["name"] = std::string(r.name);
+            d["device"] = r.device;
+            d["stream"] = r.stream;
+            d["thread"] = r.thread;
+            d["correlation"] = r.correlation;
+            d["external_id"] = r.externalId;
+            d["start"] = r.start;
+            d["end"] = r.end;
+            d["bytes"] = r.bytes;
+            records.append(d);
+          }
+        } while (count);
+        return records;
+      },
+      "The records kept since the last flush, as dicts, oldest first.");
+  m.def(
+      "activity_dropped",
+      [] {
+        uint64_t dropped = 0;
+        check(acmeActivityDropped(&dropped));
+        return dropped;
+      },
+      "How many records were lost since tracing started.");
+  m.def(
+      "push_external_id", [](uint64_t id) { check(acmeActivityPushExternalId(id)); },
+      py::arg("id"), "Work this thread queues from now on carries `id`.");
+  m.def(
+      "pop_external_id", [] { check(acmeActivityPopExternalId()); },
+      "Pop this thread's latest pushed id.");
+  m.def(
+      "timestamp",
+      [] {
+        uint64_t now = 0;
+        check(acmeGetTimestamp(&now));
+        return now;
+      },
+      "The runtime clock, in nanoseconds.");
+//< ch19 bind-activity
 }

@@ -463,6 +463,37 @@ acmeError_t wait_for_devices(const Side& a, const Side& b, const char* caller) {
   return acmeSuccess;
 }
 
+//> ch19 copy-traces
+// Chapter 19: what traces call a copy, and the device it ran on (-1 for one
+// between host buffers, which no trace shows).
+const char* copy_name(acmeMemcpyKind kind) {
+  switch (kind) {
+    case acmeMemcpyHostToDevice: return "Memcpy HtoD";
+    case acmeMemcpyDeviceToHost: return "Memcpy DtoH";
+    case acmeMemcpyDeviceToDevice: return "Memcpy DtoD";
+    default: return "Memcpy HtoH";
+  }
+}
+int device_of(const Side& a, const Side& b) {
+  return a.keep ? a.keep->device : b.keep ? b.keep->device : -1;
+}
+
+// A synchronous copy or fill runs on the calling thread once the device is
+// idle; traces show it on the default stream, as CUDA's do. The host call's
+// record covers the wait before it too.
+void run_traced(const acme::internal::Trace& t, const acme::internal::Work& what, int device,
+                const char* caller, const std::function<void()>& run) {
+  const uint64_t start = t.on ? acme::internal::now() : 0;
+  run();
+  if (!t.on || device < 0) return;
+  const uint64_t end = acme::internal::now();
+  acmeStream_t stream = nullptr;
+  if (acmeStreamGetDefault(&stream, device) != acmeSuccess) return;
+  const auto id = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(stream));
+  acme::internal::record_work(t, what, device, id, start, end);
+  acme::internal::record_host_call(t, caller, device, id);
+}
+//< ch19 copy-traces
 bool is_pinned(const void* p) {
   int pinned = 0;
   return acmeHostIsPinned(p, &pinned) == acmeSuccess && pinned;
@@ -729,10 +760,21 @@ acmeError_t acmeMemcpy(void* dst, const void* src, size_t count, acmeMemcpyKind 
   if (acmeError_t e = enter()) return e;
   Side dst_side, src_side;
   if (acmeError_t e = prepare_copy(dst, src, count, kind, &dst_side, &src_side)) return e;
+//> ch19 memcpy-begin-trace
+  const acme::internal::Trace trace = acme::internal::begin_trace();
+//< ch19 memcpy-begin-trace
 //> ch18 memcpy-waits
   if (acmeError_t e = wait_for_devices(dst_side, src_side, "acmeMemcpy")) return e;
 //< ch18 memcpy-waits
-  if (count) run_copy(dst_side, src_side, count);
+//> ch00 memcpy-run < ch19 memcpy-run
+//   if (count) run_copy(dst_side, src_side, count);
+//< ch00 memcpy-run
+//> ch19 memcpy-run
+  if (count)
+    run_traced(trace, {acmeActivityMemcpy, copy_name(kind), count},
+               device_of(dst_side, src_side), "acmeMemcpy",
+               [&] { run_copy(dst_side, src_side, count); });
+//< ch19 memcpy-run
   return acmeSuccess;
 }
 
@@ -740,10 +782,20 @@ acmeError_t acmeMemset(void* devPtr, int value, size_t count) {
   if (acmeError_t e = enter()) return e;
   Side side;
   if (acmeError_t e = prepare_fill(devPtr, count, &side)) return e;
+//> ch19 memset-begin-trace
+  const acme::internal::Trace trace = acme::internal::begin_trace();
+//< ch19 memset-begin-trace
 //> ch18 memset-waits
   if (acmeError_t e = wait_for_devices(side, Side{}, "acmeMemset")) return e;
 //< ch18 memset-waits
-  if (count) run_fill(side, value, count);
+//> ch00 memset-run < ch19 memset-run
+//   if (count) run_fill(side, value, count);
+//< ch00 memset-run
+//> ch19 memset-run
+  if (count)
+    run_traced(trace, {acmeActivityMemset, "Memset", count}, device_of(side, Side{}),
+               "acmeMemset", [&] { run_fill(side, value, count); });
+//< ch19 memset-run
   return acmeSuccess;
 }
 //> ch06 async-copies
@@ -769,10 +821,19 @@ acmeError_t acmeMemcpyAsync(void* dst, const void* src, size_t count, acmeMemcpy
     std::memcpy(staging.get(), src, count);
     src_side.address = staging.get();
   }
+//> ch18 memcpy-async-queue < ch19 memcpy-async-queue
+//   const acmeError_t e = acme::internal::submit(
+//       stream, "acmeMemcpyAsync", [dst_side, src_side, count, staging] {
+//         if (count) run_copy(dst_side, src_side, count);
+//       });
+//< ch18 memcpy-async-queue
+//> ch19 memcpy-async-queue
   const acmeError_t e = acme::internal::submit(
-      stream, "acmeMemcpyAsync", [dst_side, src_side, count, staging] {
+      stream, "acmeMemcpyAsync", {acmeActivityMemcpy, copy_name(kind), count},
+      [dst_side, src_side, count, staging] {
         if (count) run_copy(dst_side, src_side, count);
       });
+//< ch19 memcpy-async-queue
   if (e || kind != acmeMemcpyDeviceToHost || !count || is_pinned(dst)) return e;
   return acme::internal::synchronize(stream, "acmeMemcpyAsync");
 //< ch18 memcpy-async-submit
@@ -782,9 +843,17 @@ acmeError_t acmeMemsetAsync(void* devPtr, int value, size_t count, acmeStream_t 
   if (acmeError_t e = enter()) return e;
   Side side;
   if (acmeError_t e = prepare_fill(devPtr, count, &side)) return e;
-  return acme::internal::submit(stream, "acmeMemsetAsync", [side, value, count] {
-    if (count) run_fill(side, value, count);
-  });
+//> ch06 memset-async-queue < ch19 memset-async-queue
+//   return acme::internal::submit(stream, "acmeMemsetAsync", [side, value, count] {
+//     if (count) run_fill(side, value, count);
+//   });
+//< ch06 memset-async-queue
+//> ch19 memset-async-queue
+  return acme::internal::submit(stream, "acmeMemsetAsync", {acmeActivityMemset, "Memset", count},
+                                [side, value, count] {
+                                  if (count) run_fill(side, value, count);
+                                });
+//< ch19 memset-async-queue
 }
 //< ch06 async-copies
 

@@ -327,6 +327,20 @@ acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller,
 //< ch18 submit-blocking
   return acmeSuccess;
 }
+//> ch19 submit-traced
+
+acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller, const Work& what,
+                                   std::function<void()> work) {
+  std::shared_ptr<Stream> s;
+  if (acmeError_t e = find_stream(stream, caller, &s)) return e;
+  const Trace trace = begin_trace();
+  if (!s->push(traced(trace, what, s->device, s->id, std::move(work))))
+    return destroyed(*s, caller);
+  record_host_call(trace, caller, s->device, s->id);
+  if (launch_blocking()) return finish_blocking(*s, caller);
+  return acmeSuccess;
+}
+//< ch19 submit-traced
 //> ch18 internal-waits
 
 acmeError_t acme::internal::take_failure(int device, const char* caller) {
@@ -462,9 +476,18 @@ acmeError_t acmeStreamWaitEvent(acmeStream_t stream, acmeEvent_t event) {
 
 acmeError_t acmeLaunchSleepKernel(acmeStream_t stream, unsigned microseconds) {
   if (acmeError_t e = enter()) return e;
-  return acme::internal::submit(stream, "acmeLaunchSleepKernel", [microseconds] {
-    std::this_thread::sleep_for(std::chrono::microseconds(microseconds));
-  });
+//> ch06 sleep-submit < ch19 sleep-submit
+//   return acme::internal::submit(stream, "acmeLaunchSleepKernel", [microseconds] {
+//     std::this_thread::sleep_for(std::chrono::microseconds(microseconds));
+//   });
+//< ch06 sleep-submit
+//> ch19 sleep-submit
+  return acme::internal::submit(stream, "acmeLaunchSleepKernel", {acmeActivityKernel, "sleep"},
+                                [microseconds] {
+                                  std::this_thread::sleep_for(
+                                      std::chrono::microseconds(microseconds));
+                                });
+//< ch19 sleep-submit
 }
 
 acmeError_t acmeDeviceSynchronize(void) {
@@ -615,13 +638,24 @@ struct Launch {
   int device;
   uint64_t stream;
   bool default_stream;
+//> ch19 launch-trace-field
+  acme::internal::Trace trace{};  // set after construction
+//< ch19 launch-trace-field
 
   void run() {
+//> ch19 kernel-start
+    const uint64_t start = trace.on ? acme::internal::now() : 0;
+//< ch19 kernel-start
     char message[1024] = "";
     if (function(args, message, sizeof message) != 0) {
       if (message[0] == '\0') std::snprintf(message, sizeof message, "no message given");
       record_failure(device, {name, stream, default_stream, message});
     }
+//> ch19 kernel-record
+    if (trace.on)
+      acme::internal::record_work(trace, {acmeActivityKernel, name}, device, stream, start,
+                                  acme::internal::now());
+//< ch19 kernel-record
     if (release) release(args);  // on the worker, before the stream counts it done
   }
 };
@@ -640,6 +674,10 @@ acmeError_t acmeLaunchKernel(acmeStream_t stream, const char* name, acmeKernelFu
   if (acmeError_t e = find_stream(stream, "acmeLaunchKernel", &s)) return refuse(e);
   auto* launch = new Launch{{}, function, args, release, s->device, s->id, s->is_default};
   std::strncpy(launch->name, name, sizeof launch->name - 1);
+//> ch19 launch-begin-trace
+  const acme::internal::Trace trace = acme::internal::begin_trace();
+  launch->trace = trace;  // the worker may delete `launch` before push returns
+//< ch19 launch-begin-trace
   if (!s->push([launch] {
         launch->run();
         delete launch;
@@ -647,6 +685,9 @@ acmeError_t acmeLaunchKernel(acmeStream_t stream, const char* name, acmeKernelFu
     delete launch;
     return refuse(destroyed(*s, "acmeLaunchKernel"));
   }
+//> ch19 launch-record
+  acme::internal::record_host_call(trace, "acmeLaunchKernel", s->device, s->id);
+//< ch19 launch-record
   if (!acme::internal::launch_blocking()) return acmeSuccess;
   return finish_blocking(*s, "acmeLaunchKernel");
 }

@@ -32,5 +32,32 @@ acmeError_t synchronize_device(int device, const char* caller);
 acmeError_t synchronize(acmeStream_t stream, const char* caller);
 bool launch_blocking();
 //< ch18 internal-sync
+//> ch19 internal-activity
+
+// Chapter 19, from acme_activity.cpp: tracing for profilers. A call that
+// queues work takes a Trace first (empty when tracing is off), wraps the work
+// with `traced` so its stream's worker times it, and records itself last.
+struct Trace {
+  bool on = false;
+  uint64_t correlation = 0, external_id = 0, start = 0;
+};
+// What a trace calls a piece of device work.
+struct Work {
+  acmeActivityKind kind;
+  const char* name;  // a literal, or a buffer that outlives the work
+  uint64_t bytes = 0;
+};
+Trace begin_trace();
+std::function<void()> traced(const Trace& t, const Work& what, int device, uint64_t stream,
+                             std::function<void()> work);
+void record_work(const Trace& t, const Work& what, int device, uint64_t stream, uint64_t start,
+                 uint64_t end);
+void record_host_call(const Trace& t, const char* function, int device, uint64_t stream);
+uint64_t now();  // the runtime clock, nanoseconds
+
+// From acme_streams.cpp: `submit`, recording the work in traces.
+acmeError_t submit(acmeStream_t stream, const char* caller, const Work& what,
+                   std::function<void()> work);
+//< ch19 internal-activity
 
 }  // namespace acme::internal
