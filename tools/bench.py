@@ -70,6 +70,7 @@ TARGETS = {
     "reserved_after_empty_cache": 0,  # bytes still reserved once everything is freed
     "chain": 1.5,     # 1,000 dependent small ops + synchronize <= 1.5x CPU (chapter 18)
     "overlap": 1.0,   # copy and product on two streams < the two alone (chapter 18)
+    "profiler": 2.0,  # a small model's forward passes profiled <= 2x unprofiled (chapter 19)
 }
 
 
@@ -183,6 +184,8 @@ def worker(rounds: int, loop_number: int, cycles: int) -> dict:
 
     if _build_info.STAGE >= 18:
         results["async"] = asynchronous(torch, dev, rounds, compare, timed)
+    if _build_info.STAGE >= 19:
+        results["profiler"] = profiling(torch, dev, rounds, timed)
 
     del da, db, dm, dx, dy  # the fragmentation test ends by freeing every tensor
     try:
@@ -261,6 +264,41 @@ def asynchronous(torch, dev: str, rounds: int, compare, timed) -> dict:
         "overlap_kernel": overlap(lambda: torch.acme._sleep(2000)),
         "overlap_product": overlap(lambda: m @ m),
     }
+
+
+def profiling(torch, dev: str, rounds: int, timed) -> dict:
+    """Chapter 19: a small model's forward passes under torch.profiler, against none."""
+    from torch.profiler import ProfilerActivity, profile
+
+    # Every op of this model has a native kernel: the profiler's cost is not
+    # hidden behind the fallback's copies.
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Softmax(dim=-1),
+                                torch.nn.Linear(64, 10)).to(dev)
+    x = torch.rand(32, 64, device=dev)
+    activities = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+    number = 20
+
+    def forward():
+        model(x)
+
+    with profile(activities=activities):  # Kineto's one-time start-up, untimed
+        forward()
+    plain, profiled, stops, ratios = [], [], [], []
+    for _ in range(rounds):
+        p = timed(forward, number, device_work=True)
+        with profile(activities=activities) as prof:
+            q = timed(forward, number, device_work=True)
+        start = time.perf_counter()
+        prof.key_averages()  # stopping ends at __exit__; this is the analysis
+        stops.append(time.perf_counter() - start)
+        plain.append(p)
+        profiled.append(q)
+        ratios.append(q / p)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
+    return {"plain_s": statistics.median(plain), "profiled_s": statistics.median(profiled),
+            "ratio": statistics.median(ratios), "ratios": ratios,
+            "analysis_s": statistics.median(stops), "number": number,
+            "kernels_per_profile": len(kernels)}
 
 
 def fragmentation(torch, dev: str, cycles: int, window: int = 32, every: int = 1000) -> dict:
@@ -572,6 +610,25 @@ def async_section(results: dict) -> list[str]:
             *rows, ""]
 
 
+def profiler_section(results: dict) -> list[str]:
+    """Chapter 19's figure, from the newest stage in both modes."""
+    rows = []
+    for checked in (True, False):
+        p = results["runs"][f"native-{mode(checked)}"].get("profiler")
+        if not p:
+            return []
+        rows.append(f"| {mode(checked)} | {p['plain_s'] * 1e3:.3f} ms | "
+                    f"{p['profiled_s'] * 1e3:.3f} ms | {spread(p)} | "
+                    f"{p['analysis_s'] * 1e3:.0f} ms | {p['kernels_per_profile']} |")
+    return [f"**Profiler** (stage {NATIVE}, chapter 19). One forward pass of a small model "
+            "(Linear 64-64, Softmax, Linear 64-10 on 32 rows; every op a native kernel) then "
+            "`synchronize()`, without a profiler and inside `torch.profiler.profile` with CPU "
+            "and acme activities (20 passes a profile); the analysis is `key_averages()` of "
+            "one profile.", "",
+            "| mode | unprofiled | profiled | profiled / unprofiled | analysis | kernels "
+            "traced per profile |", "| --- | --- | --- | --- | --- | --- |", *rows, ""]
+
+
 def report(results: dict) -> str:
     m = results["machine"]
     runs = results["runs"]
@@ -618,7 +675,7 @@ def report(results: dict) -> str:
                      f"{f['overhead_over_copies']:.2f} ({min(f['ratios']):.2f}-"
                      f"{max(f['ratios']):.2f}) |")
     lines += ["", "<!-- plot: fallback_copies.png -->", "", *memory_section(results),
-              *async_section(results),
+              *async_section(results), *profiler_section(results),
               "**Targets** (benchmarks, never asserted)", "",
               "| target | checked | unchecked |", "| --- | --- | --- |"]
     ratio = lambda t: f"{t['value']:.2f}x: {verdict(t['met'])}"  # noqa: E731
@@ -645,6 +702,8 @@ def report(results: dict) -> str:
         (f"native (stage {NATIVE}) 16 MiB pinned copy on one stream beside a 2 ms kernel "
          "on another: together / (the two alone) < 1", "overlap",
          lambda t: f"{t['value']:.2f}: {verdict(t['met'])}"),
+        (f"native (stage {NATIVE}) a small model's forward pass profiled <= "
+         f"{TARGETS['profiler']}x unprofiled", "profiler", ratio),
     ]
     for name, key, show in rows:
         cells = []
@@ -830,6 +889,10 @@ def targets(runs: dict) -> dict:
             verdicts[mode(checked)]["chain"] = {"value": chain, "met": chain <= TARGETS["chain"]}
             verdicts[mode(checked)]["overlap"] = {"value": overlap,
                                                   "met": overlap < TARGETS["overlap"]}
+        profiled = native.get("profiler")
+        if profiled:
+            verdicts[mode(checked)]["profiler"] = {
+                "value": profiled["ratio"], "met": profiled["ratio"] <= TARGETS["profiler"]}
         frag = native.get("fragmentation")
         if frag:
             left = frag["reserved_after_empty_cache"]

@@ -826,16 +826,19 @@ acmeError_t acmeMemcpyAsync(void* dst, const void* src, size_t count, acmeMemcpy
 //       stream, "acmeMemcpyAsync", [dst_side, src_side, count, staging] {
 //         if (count) run_copy(dst_side, src_side, count);
 //       });
+//   if (e || kind != acmeMemcpyDeviceToHost || !count || is_pinned(dst)) return e;
+//   return acme::internal::synchronize(stream, "acmeMemcpyAsync");
 //< ch18 memcpy-async-queue
 //> ch19 memcpy-async-queue
-  const acmeError_t e = acme::internal::submit(
+  // The wait is part of the call, so the trace's record of the call covers it.
+  const bool wait = kind == acmeMemcpyDeviceToHost && count && !is_pinned(dst);
+  return acme::internal::submit(
       stream, "acmeMemcpyAsync", {acmeActivityMemcpy, copy_name(kind), count},
       [dst_side, src_side, count, staging] {
         if (count) run_copy(dst_side, src_side, count);
-      });
+      },
+      wait);
 //< ch19 memcpy-async-queue
-  if (e || kind != acmeMemcpyDeviceToHost || !count || is_pinned(dst)) return e;
-  return acme::internal::synchronize(stream, "acmeMemcpyAsync");
 //< ch18 memcpy-async-submit
 }
 

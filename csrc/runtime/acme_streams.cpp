@@ -330,15 +330,15 @@ acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller,
 //> ch19 submit-traced
 
 acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller, const Work& what,
-                                   std::function<void()> work) {
+                                   std::function<void()> work, bool wait) {
   std::shared_ptr<Stream> s;
   if (acmeError_t e = find_stream(stream, caller, &s)) return e;
   const Trace trace = begin_trace();
   if (!s->push(traced(trace, what, s->device, s->id, std::move(work))))
     return destroyed(*s, caller);
-  record_host_call(trace, caller, s->device, s->id);
-  if (launch_blocking()) return finish_blocking(*s, caller);
-  return acmeSuccess;
+  const acmeError_t e = wait || launch_blocking() ? finish_blocking(*s, caller) : acmeSuccess;
+  record_host_call(trace, caller, s->device, s->id);  // the call's whole time, waits included
+  return e;
 }
 //< ch19 submit-traced
 //> ch18 internal-waits
@@ -685,11 +685,16 @@ acmeError_t acmeLaunchKernel(acmeStream_t stream, const char* name, acmeKernelFu
     delete launch;
     return refuse(destroyed(*s, "acmeLaunchKernel"));
   }
-//> ch19 launch-record
+//> ch18 launch-finish < ch19 launch-finish
+//   if (!acme::internal::launch_blocking()) return acmeSuccess;
+//   return finish_blocking(*s, "acmeLaunchKernel");
+//< ch18 launch-finish
+//> ch19 launch-finish
+  const acmeError_t e =
+      acme::internal::launch_blocking() ? finish_blocking(*s, "acmeLaunchKernel") : acmeSuccess;
   acme::internal::record_host_call(trace, "acmeLaunchKernel", s->device, s->id);
-//< ch19 launch-record
-  if (!acme::internal::launch_blocking()) return acmeSuccess;
-  return finish_blocking(*s, "acmeLaunchKernel");
+  return e;
+//< ch19 launch-finish
 }
 //< ch18 launch-kernel
 

@@ -55,9 +55,10 @@ void record_work(const Trace& t, const Work& what, int device, uint64_t stream, 
 void record_host_call(const Trace& t, const char* function, int device, uint64_t stream);
 uint64_t now();  // the runtime clock, nanoseconds
 
-// From acme_streams.cpp: `submit`, recording the work in traces.
+// From acme_streams.cpp: `submit`, recording the work in traces; with
+// `wait`, the call also waits for the work and reports its stream's failure.
 acmeError_t submit(acmeStream_t stream, const char* caller, const Work& what,
-                   std::function<void()> work);
+                   std::function<void()> work, bool wait = false);
 //< ch19 internal-activity
 
 }  // namespace acme::internal
