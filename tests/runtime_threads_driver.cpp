@@ -1,6 +1,7 @@
 // A ThreadSanitizer driver for the acme runtime alone (no PyTorch): threads
 // that allocate, copy, fail, free, launch kernels, and use streams and events
-// at the same time, some of them on the same objects. Built and run by
+// at the same time, some of them on the same objects, while a profiler turns
+// activity tracing on and off. Built and run by
 // tests/test_threads.py::test_runtime_under_thread_sanitizer with
 // -fsanitize=thread; exits non-zero on a wrong result (TSan reports races).
 #include <atomic>
@@ -193,6 +194,9 @@ void kernel_worker(int index) {
   EXPECT(acmeHostAlloc(&pinned, n) == acmeSuccess);
   std::vector<unsigned char> host(n), back(n);
   for (int i = 0; i < kIterations; ++i) {
+    // As a framework does around each operator. A trace that starts meanwhile
+    // drops this thread's stack, so the pop may find it empty: not an error here.
+    EXPECT(acmeActivityPushExternalId(static_cast<uint64_t>(i) + 1) == acmeSuccess);
     const auto value = static_cast<unsigned char>(i * 3 + index);
     const auto other = static_cast<unsigned char>(value ^ 0x5a);
     std::memset(host.data(), value, n);
@@ -215,6 +219,7 @@ void kernel_worker(int index) {
       EXPECT(acmeMemcpyAsync(back.data(), p, n, acmeMemcpyDeviceToHost, mine) == acmeSuccess);
       EXPECT(back[0] == other && back[n - 1] == other);
     }
+    (void)acmeActivityPopExternalId();
     EXPECT(acmeFree(p) == acmeSuccess);  // waits for the device: the kernels above ran
     EXPECT(static_cast<unsigned char*>(pinned)[n / 2] == other);
     // ...and each was released exactly once, before its stream counted it done.
@@ -287,6 +292,30 @@ void destroy_while_used() {
   }
 }
 
+// A profiler (chapter 19): starts and stops tracing and drains the records
+// while the other threads queue work; every record must be whole.
+void tracing_worker() {
+  std::vector<acmeActivityRecord> batch(256);
+  for (int round = 0; round < 100; ++round) {
+    EXPECT(acmeActivityEnable(1) == acmeSuccess);
+    for (int k = 0; k < 10; ++k) {
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+      size_t count = 0;
+      EXPECT(acmeActivityFlush(batch.data(), batch.size(), &count) == acmeSuccess);
+      for (size_t i = 0; i < count; ++i) {
+        const acmeActivityRecord& r = batch[i];
+        EXPECT(r.kind >= acmeActivityKernel && r.kind <= acmeActivityHostCall);
+        EXPECT(r.start <= r.end && r.correlation != 0 && r.name[0] != '\0');
+        EXPECT(r.device >= 0 && r.stream != 0);
+        EXPECT(r.kind != acmeActivityHostCall || r.thread != 0);
+      }
+    }
+    EXPECT(acmeActivityEnable(0) == acmeSuccess);
+  }
+  size_t count = 1;
+  while (count) EXPECT(acmeActivityFlush(batch.data(), batch.size(), &count) == acmeSuccess);
+}
+
 }  // namespace
 
 int main() {
@@ -304,6 +333,7 @@ int main() {
   for (int i = 0; i < kThreads / 2; ++i) threads.emplace_back(stream_worker, i);
   for (int i = 0; i < kKernelThreads; ++i) threads.emplace_back(kernel_worker, i);
   threads.emplace_back(destroy_while_used);
+  threads.emplace_back(tracing_worker);
   // A thread blocked for good in a runtime call is a failure to report, not a
   // run that outlasts the test's timeout (a few seconds is normal under TSan).
   std::atomic<bool> finished{false};

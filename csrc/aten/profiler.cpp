@@ -74,6 +74,12 @@ int64_t stream_row(int device, uint64_t stream) {
   return static_cast<int64_t>(stream);
 }
 
+// A device's row in the trace: "acme 0", below the host's rows.
+libkineto::DeviceInfo device_info(int device) {
+  const std::string name = c10::str(c10::get_privateuse1_backend(), " ", device);
+  return {device, (int64_t{1} << 32) + device, name, name};
+}
+
 // Kineto's activities point at a span; ours lives as long as the process.
 const libkineto::TraceSpan& device_span() {
   static const libkineto::TraceSpan* span = new libkineto::TraceSpan(0, 0, "acme");
@@ -90,8 +96,8 @@ class Session final : public libkineto::IActivityProfilerSession {
     status_ = libkineto::TraceStatus::RECORDING;
   }
 
-  // torch.profiler synchronizes the device before it stops the trace, so the
-  // records of everything queued meanwhile are in.
+  // Stopping waits for the work queued meanwhile on every device, so its
+  // records are all in.
   void stop() override {
     acmeActivityEnable(0);
     acmeActivityRecord batch[1024];
@@ -121,7 +127,6 @@ class Session final : public libkineto::IActivityProfilerSession {
 
   void processTrace(libkineto::ActivityLogger& logger,
                     libkineto::getLinkedActivityCallback linked, int64_t, int64_t) override {
-    const std::string device_name = c10::get_privateuse1_backend();
     std::map<int, std::set<int64_t>> rows;  // device -> stream rows used
     for (const acmeActivityRecord& r : records_) {
       const ActivityType type = activity_type(r.kind);
@@ -150,8 +155,7 @@ class Session final : public libkineto::IActivityProfilerSession {
     }
     // Names for the device rows: "acme 0", then "stream 0 (default)", ...
     for (const auto& [device, streams] : rows) {
-      const std::string name = c10::str(device_name, " ", device);
-      logger.handleDeviceInfo({device, (int64_t{1} << 32) + device, name, name}, 0);
+      logger.handleDeviceInfo(device_info(device), 0);
       for (int64_t stream : streams)
         logger.handleResourceInfo(
             {stream, stream, device,
@@ -160,7 +164,13 @@ class Session final : public libkineto::IActivityProfilerSession {
     }
   }
 
-  std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override { return nullptr; }
+  // Kineto asks for one device; the others are named in processTrace. That a
+  // session names any keeps Kineto from adding rows "GPU 0" to "GPU 15".
+  std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {
+    int device = 0;
+    acmeGetDevice(&device);
+    return std::make_unique<libkineto::DeviceInfo>(device_info(device));
+  }
   std::vector<libkineto::ResourceInfo> getResourceInfos() override { return {}; }
   std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override { return nullptr; }
 

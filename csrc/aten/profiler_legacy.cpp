@@ -8,6 +8,7 @@
 
 #include <c10/util/ApproximateClock.h>
 
+#include "aten/acme_check.h"
 #include "aten/launch.h"
 #include "runtime/acme_runtime.h"
 
@@ -16,11 +17,12 @@ namespace {
 
 using torch::profiler::impl::ProfilerVoidEventStub;
 
-// Errors cannot escape: the profiler calls these around every operator. A
-// failed record leaves no event, and an interval without both ends is 0.
 struct LegacyStubs final : torch::profiler::impl::ProfilerStubs {
+  // Called around every operator, where an exception becomes a warning per
+  // operator: a failed record leaves no event, and its interval reads 0.
   void record(c10::DeviceIndex* device, ProfilerVoidEventStub* event,
               int64_t* cpu_ns) const override {
+    if (cpu_ns) *cpu_ns = c10::getTime();
     int current = 0;
     acmeEvent_t e = nullptr;
     if (acmeGetDevice(&current) != acmeSuccess ||
@@ -28,19 +30,21 @@ struct LegacyStubs final : torch::profiler::impl::ProfilerStubs {
       return;
     if (device) *device = static_cast<c10::DeviceIndex>(current);
     *event = ProfilerVoidEventStub(e, [](void* p) { acmeEventDestroy(static_cast<acmeEvent_t>(p)); });
-    if (cpu_ns) *cpu_ns = c10::getTime();
     if (acmeEventRecord(e, current_stream(static_cast<c10::DeviceIndex>(current))) != acmeSuccess)
       event->reset();
   }
 
-  // Microseconds between two records, once both ran.
+  // Microseconds between two records, once both ran (0 if they are on two
+  // devices). Called when the results are read: a kernel's failure that the
+  // wait reveals is raised there, not lost.
   float elapsed(const ProfilerVoidEventStub* begin,
                 const ProfilerVoidEventStub* end) const override {
     if (!*begin || !*end) return 0;
     auto b = static_cast<acmeEvent_t>(begin->get()), e = static_cast<acmeEvent_t>(end->get());
+    const acmeError_t waited = acmeEventSynchronize(e);
+    if (waited == acmeErrorLaunchFailure) ACME_CHECK(waited);
     float ms = 0;
-    if (acmeEventSynchronize(e) != acmeSuccess || acmeEventElapsedTime(&ms, b, e) != acmeSuccess)
-      return 0;
+    if (waited != acmeSuccess || acmeEventElapsedTime(&ms, b, e) != acmeSuccess) return 0;
     return ms * 1000;
   }
 
@@ -61,7 +65,8 @@ struct LegacyStubs final : torch::profiler::impl::ProfilerStubs {
     acmeSetDevice(previous);
   }
 
-  void synchronize() const override { acmeDeviceSynchronize(); }
+  // When a profile starts and stops: a failure is reported there.
+  void synchronize() const override { ACME_CHECK(acmeDeviceSynchronize()); }
 };
 
 const bool registered = [] {

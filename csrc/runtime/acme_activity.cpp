@@ -24,7 +24,7 @@ constexpr size_t kMaxRecords = size_t{1} << 20;
 
 struct Buffer {
   std::atomic<bool> on{false};
-  std::atomic<uint64_t> generation{0};  // one per start: stale pushed ids are dropped
+  std::atomic<uint64_t> generation{0};  // one per start: stale ids and work are dropped
   std::atomic<uint64_t> next_correlation{1};
   std::mutex mutex;
   std::deque<acmeActivityRecord> records;
@@ -58,10 +58,13 @@ uint64_t thread_id() {
   return id;
 }
 
-void add(const acmeActivityRecord& record) {
+void add(const acme::internal::Trace& t, const acmeActivityRecord& record) {
   Buffer& b = buffer();
   std::lock_guard<std::mutex> lock(b.mutex);
-  if (!b.on.load(std::memory_order_relaxed)) return;  // stopped while the work ran
+  // Work that ends after its trace stopped belongs to no trace.
+  if (!b.on.load(std::memory_order_relaxed) ||
+      b.generation.load(std::memory_order_relaxed) != t.generation)
+    return;
   if (b.records.size() >= kMaxRecords) {
     ++b.dropped;
     return;
@@ -91,10 +94,11 @@ uint64_t acme::internal::now() {
 
 acme::internal::Trace acme::internal::begin_trace() {
   Buffer& b = buffer();
-  if (!b.on.load(std::memory_order_relaxed)) return {};
+  if (!b.on.load(std::memory_order_acquire)) return {};  // sees the generation it started
   const auto& ids = external_ids.current();
-  return {true, b.next_correlation.fetch_add(1, std::memory_order_relaxed),
-          ids.empty() ? 0 : ids.back(), now()};
+  return {true, b.generation.load(std::memory_order_relaxed),
+          b.next_correlation.fetch_add(1, std::memory_order_relaxed), ids.empty() ? 0 : ids.back(),
+          now()};
 }
 
 void acme::internal::record_host_call(const Trace& t, const char* function, int device,
@@ -104,7 +108,7 @@ void acme::internal::record_host_call(const Trace& t, const char* function, int 
   r.thread = thread_id();
   r.start = t.start;
   r.end = now();
-  add(r);
+  add(t, r);
 }
 
 void acme::internal::record_work(const Trace& t, const Work& what, int device, uint64_t stream,
@@ -114,7 +118,7 @@ void acme::internal::record_work(const Trace& t, const Work& what, int device, u
   r.bytes = what.bytes;
   r.start = start;
   r.end = end;
-  add(r);
+  add(t, r);
 }
 
 std::function<void()> acme::internal::traced(const Trace& t, const Work& what, int device,
@@ -133,13 +137,20 @@ acmeError_t acmeActivityEnable(int enable) {
   if (enable != 0 && enable != 1)
     return fail(acmeErrorInvalidValue, "acmeActivityEnable: enable is %d, not 0 or 1", enable);
   Buffer& b = buffer();
+  if (!enable && b.on.load(std::memory_order_acquire)) {
+    // The work queued while tracing, on every device, ends before the trace
+    // does (failures stay for the calls that report them).
+    int count = 0;
+    if (acmeGetDeviceCount(&count) == acmeSuccess)
+      for (int device = 0; device < count; ++device) acme::internal::wait_for_device(device);
+  }
   std::lock_guard<std::mutex> lock(b.mutex);
   if (enable) {
     b.records.clear();
     b.dropped = 0;
     b.generation.fetch_add(1, std::memory_order_relaxed);
   }
-  b.on.store(enable != 0, std::memory_order_relaxed);
+  b.on.store(enable != 0, std::memory_order_release);
   return acmeSuccess;
 }
 

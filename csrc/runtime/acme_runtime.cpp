@@ -481,8 +481,9 @@ int device_of(const Side& a, const Side& b) {
 // A synchronous copy or fill runs on the calling thread once the device is
 // idle; traces show it on the default stream, as CUDA's do. The host call's
 // record covers the wait before it too.
+template <class Run>
 void run_traced(const acme::internal::Trace& t, const acme::internal::Work& what, int device,
-                const char* caller, const std::function<void()>& run) {
+                const char* caller, const Run& run) {
   const uint64_t start = t.on ? acme::internal::now() : 0;
   run();
   if (!t.on || device < 0) return;

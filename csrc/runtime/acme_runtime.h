@@ -381,8 +381,9 @@ typedef struct acmeActivityRecord {
 } acmeActivityRecord;
 
 /* Starts (1) or stops (0) tracing. Starting discards records nobody flushed
- * and every thread's pushed ids. Only work queued and run in between is
- * recorded: synchronize the devices before stopping. */
+ * and every thread's pushed ids. Work queued in between is recorded, and
+ * stopping waits until all of it has run, on every device; it does not report
+ * kernel failures (the next synchronizing call does). */
 ACME_API acmeError_t acmeActivityEnable(int enable);
 /* Moves up to `capacity` records, in the order their work ended, into
  * `records`; *count says how many. Call until *count is 0. */

@@ -39,6 +39,7 @@ bool launch_blocking();
 // with `traced` so its stream's worker times it, and records itself last.
 struct Trace {
   bool on = false;
+  uint64_t generation = 0;  // which trace: work that ends in a later one is not its
   uint64_t correlation = 0, external_id = 0, start = 0;
 };
 // What a trace calls a piece of device work.
