@@ -100,10 +100,10 @@ class Session final : public libkineto::IActivityProfilerSession {
   // records are all in.
   void stop() override {
     acmeActivityEnable(0);
-    acmeActivityRecord batch[1024];
+    std::vector<acmeActivityRecord> batch(1024);
     size_t count = 0;
-    while (acmeActivityFlush(batch, 1024, &count) == acmeSuccess && count)
-      records_.insert(records_.end(), batch, batch + count);
+    while (acmeActivityFlush(batch.data(), batch.size(), &count) == acmeSuccess && count)
+      records_.insert(records_.end(), batch.begin(), batch.begin() + count);
     uint64_t dropped = 0;
     if (acmeActivityDropped(&dropped) == acmeSuccess && dropped) {
       errors_.push_back(c10::str(c10::get_privateuse1_backend(), ": the trace lost ", dropped,
