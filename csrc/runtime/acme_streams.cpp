@@ -317,18 +317,14 @@ void drain_device(int device) {
 
 }  // namespace
 
-acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller,
-                                   std::function<void()> work) {
-  std::shared_ptr<Stream> s;
-  if (acmeError_t e = find_stream(stream, caller, &s)) return e;
-  if (!s->push(std::move(work))) return destroyed(*s, caller);  // since find_stream
-//> ch18 submit-blocking
-  if (launch_blocking()) return finish_blocking(*s, caller);
-//< ch18 submit-blocking
-  return acmeSuccess;
-}
-//> ch19 submit-traced
-
+//> ch06 submit-head < ch19 submit-head
+// acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller,
+//                                    std::function<void()> work) {
+//   std::shared_ptr<Stream> s;
+//   if (acmeError_t e = find_stream(stream, caller, &s)) return e;
+//   if (!s->push(std::move(work))) return destroyed(*s, caller);  // since find_stream
+//< ch06 submit-head
+//> ch19 submit-head
 acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller, const Work& what,
                                    std::function<void()> work, bool wait) {
   std::shared_ptr<Stream> s;
@@ -336,11 +332,17 @@ acmeError_t acme::internal::submit(acmeStream_t stream, const char* caller, cons
   const Trace trace = begin_trace();
   if (!s->push(traced(trace, what, s->device, s->id, std::move(work))))
     return destroyed(*s, caller);
+//< ch19 submit-head
+//> ch18 submit-blocking < ch19 submit-blocking
+//   if (launch_blocking()) return finish_blocking(*s, caller);
+//< ch18 submit-blocking
+//> ch19 submit-blocking
   const acmeError_t e = wait || launch_blocking() ? finish_blocking(*s, caller) : acmeSuccess;
   record_host_call(trace, caller, s->device, s->id);  // the call's whole time, waits included
-  return e;
+  if (e) return e;
+//< ch19 submit-blocking
+  return acmeSuccess;
 }
-//< ch19 submit-traced
 //> ch18 internal-waits
 
 acmeError_t acme::internal::take_failure(int device, const char* caller) {

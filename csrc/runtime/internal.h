@@ -18,7 +18,16 @@ __attribute__((format(printf, 2, 3))) acmeError_t fail(acmeError_t code, const c
 
 // From acme_streams.cpp: queues `work` on a stream (NULL: the current device's
 // default stream). `caller` names the API function in error messages.
-acmeError_t submit(acmeStream_t stream, const char* caller, std::function<void()> work);
+//> ch06 submit-decl < ch19 submit-decl
+// acmeError_t submit(acmeStream_t stream, const char* caller, std::function<void()> work);
+//< ch06 submit-decl
+//> ch19 submit-decl
+// Chapter 19: `what` names the work in traces (Work is below); with `wait`,
+// the call also waits for the work and reports its stream's failure.
+struct Work;
+acmeError_t submit(acmeStream_t stream, const char* caller, const Work& what,
+                   std::function<void()> work, bool wait = false);
+//< ch19 submit-decl
 //> ch18 internal-sync
 
 // Chapter 18, kernels that fail after their launch returned. From
@@ -55,11 +64,6 @@ void record_work(const Trace& t, const Work& what, int device, uint64_t stream, 
                  uint64_t end);
 void record_host_call(const Trace& t, const char* function, int device, uint64_t stream);
 uint64_t now();  // the runtime clock, nanoseconds
-
-// From acme_streams.cpp: `submit`, recording the work in traces; with
-// `wait`, the call also waits for the work and reports its stream's failure.
-acmeError_t submit(acmeStream_t stream, const char* caller, const Work& what,
-                   std::function<void()> work, bool wait = false);
 //< ch19 internal-activity
 
 }  // namespace acme::internal
