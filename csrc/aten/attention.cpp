@@ -13,12 +13,15 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/where.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -94,6 +97,34 @@ at::Tensor dropout_keep(c10::Device device, at::IntArrayRef sizes, double dropou
       .bernoulli_(1.0 - dropout_p, generator);
 }
 
+// `computed` (a CPU result) on the device in the layout the op's meta kernel
+// (torch/_meta_registrations.py) promises, which the compiler plans its
+// buffers by: the dimensions in the order of `like`'s strides, as the meta's
+// alloc_with_matching_layout and empty_like lay them out.
+at::Tensor on_device_like(const at::Tensor& computed, const at::Tensor& like) {
+  if (!computed.defined()) return computed;
+  at::Tensor result;
+  if (computed.sizes() == like.sizes()) {
+    result = at::empty_like(like, computed.options().device(like.device()));
+  } else {
+    std::vector<int64_t> order(like.dim());
+    for (int64_t d = 0; d < like.dim(); ++d) order[d] = d;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+    std::vector<int64_t> strides(like.dim());
+    int64_t stride = 1;
+    for (auto d = order.rbegin(); d != order.rend(); ++d) {
+      strides[*d] = stride;
+      stride *= computed.size(*d);
+    }
+    result = at::empty_strided(computed.sizes(), strides,
+                               computed.options().device(like.device()));
+  }
+  DeviceViews view;
+  view(result).copy_(computed);
+  return result;
+}
+
 double default_scale(const at::Tensor& query, std::optional<double> scale) {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
 }
@@ -138,7 +169,7 @@ Forward attention(const at::Tensor& query, const at::Tensor& key, const at::Tens
   const auto philox = [](uint64_t bits) {
     return at::scalar_tensor(static_cast<int64_t>(bits), at::kLong);
   };
-  return {on_device(out, device),
+  return {on_device_like(out, query),
           on_device(logsumexp, device),  // float, or double for double inputs
           at::Tensor(), at::Tensor(),  // cumulative sequence lengths: nested tensors only
           query.size(-2), key.size(-2),
@@ -178,7 +209,7 @@ Backward attention_backward(const at::Tensor& grad_out, const at::Tensor& query,
   const at::Tensor d_s = p * (d_p - (d_p * p).sum(-1, /*keepdim=*/true));
   const auto result = [&](bool wanted, const at::Tensor& grad, const at::Tensor& like) {
     if (!wanted) return at::Tensor();
-    return on_device(grad.sum_to_size(like.sizes()).to(like.scalar_type()), device);
+    return on_device_like(grad.sum_to_size(like.sizes()).to(like.scalar_type()), like);
   };
   return {result(grad_input_mask[0], at::matmul(d_s, k).mul_(factor), query),
           result(grad_input_mask[1], at::matmul(d_s.transpose(-2, -1), q).mul_(factor), key),

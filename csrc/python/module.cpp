@@ -15,6 +15,9 @@
 //> ch16 bind-ipc-include
 #include "python/ipc_bindings.h"
 //< ch16 bind-ipc-include
+//> ch20 bind-compile-include
+#include "python/compile_bindings.h"
+//< ch20 bind-compile-include
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native part of torch_acme: runtime bindings and the torch glue.";
@@ -36,4 +39,7 @@ PYBIND11_MODULE(_C, m) {
 //> ch16 bind-ipc
   acme_bind_ipc(m);
 //< ch16 bind-ipc
+//> ch20 bind-compile
+  acme_bind_compile(m);
+//< ch20 bind-compile
 }

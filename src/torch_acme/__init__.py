@@ -68,6 +68,12 @@ from . import ops
 # acme tensors through torch.multiprocessing: registers the reducers.
 from . import multiprocessing
 #< ch16 register-multiprocessing
+#> ch20 compiler
+# torch.compile: Dynamo and Inductor learn about acme when they load.
+from . import compiler_hooks
+
+compiler_hooks.install()
+#< ch20 compiler
 #< ch01 device-module
 
 __all__ = [
