@@ -299,12 +299,29 @@ def ch19_profiler():
     return len(kernels) == 1 and ops[kernels[0].linked_correlation_id].name == "aten::mm"
 
 
+def ch20_compile():
+    import torch
+    import torch_acme  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401 - what torch.compile loads first
+    from torch._inductor.codegen.common import (get_wrapper_codegen_for_device,
+                                                init_backend_registration)
+
+    # torch.compile's default backend fuses acme code into one compiled kernel.
+    # (Before: Inductor knows no code generator for the device, and fails.)
+    init_backend_registration()
+    if get_wrapper_codegen_for_device(device()) is None:
+        return False  # what torch.compile would fail on, after a costly trace
+    x = torch.randn(1000)
+    compiled = torch.compile(lambda t: (t * 2).sin() + 1)
+    return torch.allclose(compiled(x.to(device())).cpu(), (x * 2).sin() + 1, atol=1e-5)
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
           11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops,
           14: ch14_conformance, 15: ch15_custom_ops, 16: ch16_storage, 17: ch17_packaging,
-          18: ch18_async, 19: ch19_profiler}
+          18: ch18_async, 19: ch19_profiler, 20: ch20_compile}
 
 
 def main():

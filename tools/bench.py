@@ -71,6 +71,8 @@ TARGETS = {
     "chain": 1.5,     # 1,000 dependent small ops + synchronize <= 1.5x CPU (chapter 18)
     "overlap": 1.0,   # copy and product on two streams < the two alone (chapter 18)
     "profiler": 2.0,  # a small model's forward passes profiled <= 2x unprofiled (chapter 19)
+    "compiled_speedup": 2.0,  # 8 elementwise ops on 1M: eager acme / compiled acme >= 2
+    "compiled_vs_cpu": 1.2,   # ... compiled acme / compiled CPU <= 1.2 (chapter 20)
 }
 
 
@@ -186,6 +188,8 @@ def worker(rounds: int, loop_number: int, cycles: int) -> dict:
         results["async"] = asynchronous(torch, dev, rounds, compare, timed)
     if _build_info.STAGE >= 19:
         results["profiler"] = profiling(torch, dev, rounds, timed)
+    if _build_info.STAGE >= 20:
+        results["compile"] = compiling(torch, dev, rounds, timed)
 
     del da, db, dm, dx, dy  # the fragmentation test ends by freeing every tensor
     try:
@@ -299,6 +303,65 @@ def profiling(torch, dev: str, rounds: int, timed) -> dict:
             "ratio": statistics.median(ratios), "ratios": ratios,
             "analysis_s": statistics.median(stops), "number": number,
             "kernels_per_profile": len(kernels)}
+
+
+def compiling(torch, dev: str, rounds: int, timed) -> dict:
+    """Chapter 20: a chain of 8 elementwise ops compiled and eager; a transformer
+    block's compile time."""
+    import torch.nn.functional as F
+
+    def chain(x):
+        return ((((x * 1.5 + 0.5).sin() * x).cos() - x) * 0.25).exp()
+
+    x = torch.rand(1 << 20)
+    dx = x.to(dev)
+    on_cpu, on_acme = torch.compile(chain), torch.compile(chain)
+    on_cpu(x)
+    on_acme(dx)
+    number = 20
+    eager, compiled, compiled_cpu = [], [], []
+    for _ in range(rounds):
+        eager.append(timed(lambda: chain(dx), number, device_work=True))
+        compiled.append(timed(lambda: on_acme(dx), number, device_work=True))
+        compiled_cpu.append(timed(lambda: on_cpu(x), number))
+    speedups = [e / c for e, c in zip(eager, compiled)]
+    versus_cpu = [c / p for c, p in zip(compiled, compiled_cpu)]
+
+    class Block(torch.nn.Module):
+        def __init__(self, width=64, heads=4):
+            super().__init__()
+            self.heads = heads
+            self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+            self.qkv = torch.nn.Linear(width, 3 * width)
+            self.proj = torch.nn.Linear(width, width)
+            self.fc1, self.fc2 = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+
+        def forward(self, h):
+            b, t, w = h.shape
+            q, k, v = self.qkv(self.ln1(h)).split(w, dim=-1)
+            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            h = h + self.proj(a.transpose(1, 2).reshape(b, t, w))
+            return h + self.fc2(F.gelu(self.fc1(self.ln2(h))))
+
+    def compile_time(caches: bool) -> float:
+        torch._dynamo.reset()
+        block = Block().to(dev)
+        h = torch.rand(4, 16, 64, device=dev, requires_grad=True)
+        start = time.perf_counter()
+        with torch._inductor.config.patch(force_disable_caches=not caches):
+            torch.compile(block)(h).sum().backward()
+        torch.accelerator.synchronize()
+        return time.perf_counter() - start
+
+    cold = compile_time(caches=False)
+    compile_time(caches=True)  # fills the caches
+    warm = compile_time(caches=True)
+    return {"eager_s": statistics.median(eager), "compiled_s": statistics.median(compiled),
+            "compiled_cpu_s": statistics.median(compiled_cpu), "number": number,
+            "speedup": statistics.median(speedups), "speedups": speedups,
+            "ratio": statistics.median(versus_cpu), "ratios": versus_cpu,
+            "block_compile_cold_s": cold, "block_compile_warm_s": warm}
 
 
 def fragmentation(torch, dev: str, cycles: int, window: int = 32, every: int = 1000) -> dict:
@@ -629,6 +692,29 @@ def profiler_section(results: dict) -> list[str]:
             "traced per profile |", "| --- | --- | --- | --- | --- | --- |", *rows, ""]
 
 
+def compile_section(results: dict) -> list[str]:
+    """Chapter 20's figures, from the newest stage in both modes."""
+    rows = []
+    for checked in (True, False):
+        c = results["runs"][f"native-{mode(checked)}"].get("compile")
+        if not c:
+            return []
+        rows.append(f"| {mode(checked)} | {c['eager_s'] * 1e3:.2f} ms | "
+                    f"{c['compiled_s'] * 1e3:.2f} ms | {c['compiled_cpu_s'] * 1e3:.2f} ms | "
+                    f"{c['speedup']:.1f} ({min(c['speedups']):.1f}-{max(c['speedups']):.1f}) | "
+                    f"{spread(c)} | {c['block_compile_cold_s']:.1f} s | "
+                    f"{c['block_compile_warm_s']:.1f} s |")
+    return [f"**torch.compile** (stage {NATIVE}, chapter 20). A chain of 8 elementwise ops "
+            "(mul, add, sin, mul, cos, sub, mul, exp) on 1M float32 elements, "
+            "then `synchronize()`: eager on acme, compiled on acme (one fused kernel) and "
+            "compiled on the CPU. The compile time is a transformer block's (width 64, 4 heads) "
+            "first forward and backward: with Inductor's caches disabled (cold), and again "
+            "with them filled (warm).", "",
+            "| mode | eager acme | compiled acme | compiled CPU | eager / compiled | "
+            "compiled acme / compiled CPU | block compile, cold | warm |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows, ""]
+
+
 def report(results: dict) -> str:
     m = results["machine"]
     runs = results["runs"]
@@ -675,7 +761,7 @@ def report(results: dict) -> str:
                      f"{f['overhead_over_copies']:.2f} ({min(f['ratios']):.2f}-"
                      f"{max(f['ratios']):.2f}) |")
     lines += ["", "<!-- plot: fallback_copies.png -->", "", *memory_section(results),
-              *async_section(results), *profiler_section(results),
+              *async_section(results), *profiler_section(results), *compile_section(results),
               "**Targets** (benchmarks, never asserted)", "",
               "| target | checked | unchecked |", "| --- | --- | --- |"]
     ratio = lambda t: f"{t['value']:.2f}x: {verdict(t['met'])}"  # noqa: E731
@@ -704,6 +790,10 @@ def report(results: dict) -> str:
          lambda t: f"{t['value']:.2f}: {verdict(t['met'])}"),
         (f"native (stage {NATIVE}) a small model's forward pass profiled <= "
          f"{TARGETS['profiler']}x unprofiled", "profiler", ratio),
+        (f"native (stage {NATIVE}) 8 elementwise ops on 1M, eager / compiled >= "
+         f"{TARGETS['compiled_speedup']}x", "compiled_speedup", ratio),
+        (f"native (stage {NATIVE}) the same, compiled acme / compiled CPU <= "
+         f"{TARGETS['compiled_vs_cpu']}x", "compiled_vs_cpu", ratio),
     ]
     for name, key, show in rows:
         cells = []
@@ -893,6 +983,13 @@ def targets(runs: dict) -> dict:
         if profiled:
             verdicts[mode(checked)]["profiler"] = {
                 "value": profiled["ratio"], "met": profiled["ratio"] <= TARGETS["profiler"]}
+        compiled = native.get("compile")
+        if compiled:
+            verdicts[mode(checked)]["compiled_speedup"] = {
+                "value": compiled["speedup"],
+                "met": compiled["speedup"] >= TARGETS["compiled_speedup"]}
+            verdicts[mode(checked)]["compiled_vs_cpu"] = {
+                "value": compiled["ratio"], "met": compiled["ratio"] <= TARGETS["compiled_vs_cpu"]}
         frag = native.get("fragmentation")
         if frag:
             left = frag["reserved_after_empty_cache"]

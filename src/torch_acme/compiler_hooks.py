@@ -1,3 +1,4 @@
+#@ ch20
 """When torch.compile's modules load, tell them about acme (chapter 20).
 
 Dynamo needs acme's device interface (dynamo.py) and Inductor its code

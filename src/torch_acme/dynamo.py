@@ -1,3 +1,4 @@
+#@ ch20
 """torch.compile's graph capture, Dynamo, for acme (chapter 20).
 
 Dynamo asks a device interface for what torch.cuda would answer: the device

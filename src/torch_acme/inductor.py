@@ -1,3 +1,4 @@
+#@ ch20
 """torch.compile's code generator, Inductor, for acme (chapter 20).
 
 Imported, and registered with Inductor, when torch._inductor.compile_fx loads
@@ -37,6 +38,7 @@ from ._C import _launch_compiled
 # ---- running a compiled kernel ----
 
 
+#> ch20 compiled-kernel
 class CompiledKernel:
     """One kernel Inductor generated, as the wrapper code calls it: with the
     graph's tensors and sizes, in the kernel's argument order."""
@@ -48,10 +50,12 @@ class CompiledKernel:
         self._entry = None
 
     def __call__(self, *args) -> None:
-        if self._entry is None:
-            function = self._library.result() if hasattr(self._library, "result") else self._library
+        if self._entry is None:  # the first call waits for the compiler
+            library = self._library
+            function = library.result() if hasattr(library, "result") else library
             self._entry = ctypes.cast(function, ctypes.c_void_p).value
         _launch_compiled(self.name, self._entry, self.signature, args)
+#< ch20 compiled-kernel
 
 
 # ---- turning Inductor's C++ kernel into an acme kernel ----
@@ -75,6 +79,7 @@ def _argument(index: int, cpp_type: str) -> tuple[str, str]:
         "(it passes pointers and int64 sizes)")
 
 
+#> ch20 kernel-source
 def acme_kernel_source(name: str, cpu_definition: str) -> tuple[str, str]:
     """The signature and C++ source of the acme kernel for Inductor's CPU
     kernel `name`: Inductor's function, renamed, behind an entry point
@@ -90,11 +95,13 @@ def acme_kernel_source(name: str, cpu_definition: str) -> tuple[str, str]:
     entry = (f'extern "C" void kernel(const uint64_t* a) {{\n'
              f'    {name}({", ".join(expressions)});\n}}\n')
     return "".join(letters), f"{body}\n\n{entry}"
+#< ch20 kernel-source
 
 
 # ---- the wrapper: the Python code that allocates buffers and calls kernels ----
 
 
+#> ch20 wrapper-kernels
 class _AcmeKernels:
     """What acme's wrapper code does differently from the CPU's: define and
     call kernels through CompiledKernel. Kernels of other devices in the same
@@ -132,6 +139,7 @@ class _AcmeKernels:
         if device.type == DEVICE_NAME and device.index is not None:
             line = line.replace(f"device='{device.type}'", f"device='{device}'")
         return line
+#< ch20 wrapper-kernels
 
 
 class AcmeWrapperCodegen(_AcmeKernels, PythonWrapperCodegen):
@@ -193,6 +201,7 @@ class AcmeDeviceOpOverrides(DeviceOpOverrides):
 # another name, so its graphs compile with the settings that make those places
 # answer as they do for the CPU (chapter 20 lists them; pytorch#189137 is the
 # upstream plan to replace them with registrations).
+#> ch20 settings
 ACME_SETTINGS = {
     # Which generator a device's kernels come from: cpu_backend for "cpu",
     # cuda_backend for every device type Inductor does not know.
@@ -206,6 +215,7 @@ ACME_SETTINGS = {
     # than by Inductor's own Philox code: compiled dropout matches eager.
     "fallback_random": True,
 }
+#< ch20 settings
 
 
 def _on_acme(graph, example_inputs) -> bool:
@@ -228,6 +238,7 @@ def _settings_in_effect() -> bool:
 _compile_fx = compile_fx_module.compile_fx
 
 
+#> ch20 compile-fx
 @functools.wraps(_compile_fx)
 def compile_fx(model, example_inputs, *args, config_patches=None, **kwargs):
     """Inductor's entry point, applying ACME_SETTINGS to graphs on acme (to
@@ -251,6 +262,7 @@ def compile_fx(model, example_inputs, *args, config_patches=None, **kwargs):
 
 # torch.compile's inductor backend looks compile_fx up when it compiles.
 compile_fx_module.compile_fx = compile_fx
+#< ch20 compile-fx
 
 
 # ---- a graph pass for acme graphs ----
@@ -270,6 +282,7 @@ class AcmeGraphPass(CustomGraphModulePass):
         graph.lint()
         graph_module.recompile()
 
+#> ch20 move-cpu-scalars
     @staticmethod
     def move_cpu_scalars(graph, node) -> None:
         """A 0-d CPU tensor beside acme tensors (``torch.tensor(2.) * x``) is a
@@ -288,6 +301,8 @@ class AcmeGraphPass(CustomGraphModulePass):
                 with value.fake_mode:
                     copy.meta["val"] = value.to(device)
                 node.replace_input_with(arg, copy)
+#< ch20 move-cpu-scalars
+
 
     @staticmethod
     def flatten_arg_reductions(graph, node) -> None:
@@ -322,6 +337,7 @@ class AcmeGraphPass(CustomGraphModulePass):
 
 
 # ---- registration ----
+#> ch20 registration
 # The scheduling, which decides what to fuse and writes the kernels, is the
 # CPU's; the wrapper code is acme's. Inductor's caches key on inductor_config.
 register_backend_for_device(DEVICE_NAME, CppScheduling, AcmeWrapperCodegen,
@@ -329,3 +345,5 @@ register_backend_for_device(DEVICE_NAME, CppScheduling, AcmeWrapperCodegen,
                             device_custom_pass=AcmeGraphPass(),
                             device_custom_config=inductor_config)
 register_device_op_overrides(DEVICE_NAME, AcmeDeviceOpOverrides())
+#< ch20 registration
+

@@ -1,3 +1,4 @@
+#@ ch20
 """What Inductor's caches must know about acme's code generator (chapter 20).
 
 Inductor caches compiled graphs on disk, keyed on PyTorch's version and its

@@ -1,0 +1,368 @@
+"""Chapter 20: torch.compile on acme.
+
+Dynamo captures acme code through acme's device interface; Inductor writes the
+fused kernels as the CPU's C++ and acme's wrapper code runs them through the
+runtime, on the current stream, with device-side addresses. Every comparison
+here is against eager acme and against the CPU, computed in the same test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_acme  # noqa: F401 - registers torch.acme
+from conftest import LAST, stage_env
+from torch_acme import runtime
+
+pytestmark = [
+    pytest.mark.skipif(importlib.import_module("torch_acme._build_info").STAGE < 20,
+                       reason="chapter 20's compiler backend is not in this stage"),
+    pytest.mark.filterwarnings("ignore:.*runs on the CPU:UserWarning"),
+]
+
+TOL = {"atol": 1e-5, "rtol": 1e-4}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+# ---- the three models of the issue ----
+
+class MLP(nn.Module):
+    """Linear layers with chains of elementwise ops between them to fuse."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(32, 64)
+        self.b = nn.Linear(64, 16)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b((F.gelu(h) * torch.sigmoid(h) + 0.5).tanh())
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention, layer norm, GELU."""
+
+    def __init__(self, width=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.fc1, self.fc2 = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        batch, length, width = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(width, dim=-1)
+        q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(batch, length, width))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class ConvBlock(nn.Module):
+    """Convolution, batch norm, pooling and a residual connection."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.c1(x))), 2)
+        x = F.relu(self.c2(x)) + x
+        return self.fc(F.adaptive_avg_pool2d(x, 4).flatten(1))
+
+
+MODELS = {"mlp": (MLP, (8, 32)), "block": (Block, (2, 8, 32)), "cnn": (ConvBlock, (4, 3, 8, 8))}
+
+
+def forward_backward(model, x):
+    x = x.detach().clone().requires_grad_()
+    out = model(x)
+    out.square().sum().backward()
+    return out.detach(), x.grad, [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_model_compiles_forward_and_backward(name, dynamic):
+    cls, shape = MODELS[name]
+    torch.manual_seed(0)
+    cpu_model = cls()
+    eager_model, compiled_model = cls().to("acme"), cls().to("acme")
+    eager_model.load_state_dict(cpu_model.state_dict())
+    compiled_model.load_state_dict(cpu_model.state_dict())
+    x = torch.randn(shape)
+
+    expected_cpu = forward_backward(cpu_model, x)
+    expected_acme = forward_backward(eager_model, x.to("acme"))
+    got = forward_backward(torch.compile(compiled_model, dynamic=dynamic), x.to("acme"))
+
+    for want_cpu, want_acme, have in zip(expected_cpu[:2] + tuple(expected_cpu[2]),
+                                         expected_acme[:2] + tuple(expected_acme[2]),
+                                         got[:2] + tuple(got[2])):
+        assert have.device.type == "acme"
+        torch.testing.assert_close(have.cpu(), want_acme.cpu(), **TOL)
+        torch.testing.assert_close(have.cpu(), want_cpu, **TOL)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_no_graph_break_in_the_models(name):
+    cls, shape = MODELS[name]
+    explanation = torch._dynamo.explain(cls().to("acme"))(torch.randn(shape, device="acme"))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+def test_dynamic_shapes_reuse_one_graph_across_sizes():
+    def f(x):
+        return (x.sin() * 2 + x.cos()).sum(0)
+
+    compiled = torch.compile(f, dynamic=True)
+    for rows in (5, 9, 17):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(compiled(x.to("acme")).cpu(), f(x), **TOL)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+# ---- how the kernels run ----
+
+def chain(x):
+    return ((((x * 1.5 + 0.5).sin() * x).cos() - x) * 0.25).exp()
+
+
+def acme_kernels_of(fn):
+    """Names of the kernels the runtime ran on acme while `fn` ran."""
+    torch.acme.synchronize()
+    runtime.activity_enable(True)
+    try:
+        fn()
+        torch.acme.synchronize()
+    finally:
+        runtime.activity_enable(False)
+    return [r["name"] for r in runtime.activity_flush() if r["kind"] == "kernel"]
+
+
+def test_a_chain_of_elementwise_ops_is_one_kernel_launch():
+    x = torch.randn(4096, device="acme")
+    compiled = torch.compile(chain)
+    compiled(x)
+    eager = acme_kernels_of(lambda: chain(x))
+    fused = acme_kernels_of(lambda: compiled(x))
+    assert len(eager) >= 5  # acme's own kernels; sin, cos and exp run on the CPU (fallback)
+    assert len(fused) == 1 and fused[0].startswith("cpp_fused_"), fused
+    torch.testing.assert_close(compiled(x).cpu(), chain(x.cpu()), **TOL)
+
+
+def test_compiled_kernels_run_on_the_current_stream_in_order():
+    x = torch.zeros(1024, device="acme")
+    compiled = torch.compile(lambda t: t * 2 + 1)
+    compiled(x)
+    side = torch.Stream(device="acme")
+    with side:
+        torch.acme._sleep(20_000)  # 20 ms of work ahead of the kernels on this stream
+        x.add_(3)                 # eager, queued behind the sleep
+        y = compiled(x)           # queued behind both: must see x == 3
+    side.synchronize()
+    assert torch.equal(y.cpu(), torch.full((1024,), 7.0))
+    runtime.activity_enable(True)
+    try:
+        with side:
+            compiled(x)
+        side.synchronize()
+    finally:
+        runtime.activity_enable(False)
+    kernels = [r for r in runtime.activity_flush() if r["kind"] == "kernel"]
+    assert [r["stream"] for r in kernels] == [side.native_handle]
+
+
+def test_a_graph_on_the_second_device_stays_there():
+    if torch.acme.device_count() < 2:
+        pytest.skip("needs two acme devices")
+    x = torch.randn(100)
+    y = torch.compile(chain)(x.to("acme:1"))
+    assert y.device == torch.device("acme:1") and torch.acme.current_device() == 0
+    torch.testing.assert_close(y.cpu(), chain(x), **TOL)
+
+
+def test_generated_kernels_touch_device_memory_only_through_the_runtime(tmp_path):
+    # The same kernel, called once through the launcher (device-side view) and
+    # once with the host mapping of device memory: checked mode ends the
+    # process on the second, naming the allocation.
+    script = textwrap.dedent('''
+        import ctypes, torch, torch_acme
+        from torch._inductor.codecache import CppCodeCache
+        from torch_acme.inductor import acme_kernel_source
+        cpu_kernel = """async_compile.cpp_pybinding(['const float*', 'float*'], r\'\'\'
+        #include <torch/csrc/inductor/cpp_prefix.h>
+        extern "C" void kernel(const float* in_ptr0, float* out_ptr0) { out_ptr0[0] = 2 * in_ptr0[0]; }
+        \'\'\')"""
+        signature, source = acme_kernel_source("double_it", cpu_kernel)
+        entry = ctypes.cast(CppCodeCache.load(source).kernel, ctypes.c_void_p).value
+        x, y = torch.full((1,), 21.0, device="acme"), torch.empty(1, device="acme")
+        torch_acme._C._launch_compiled("double_it", entry, signature, (x, y))
+        print("through the runtime:", y.item(), flush=True)
+        host = (ctypes.c_uint64 * 2)(x.data_ptr(), y.data_ptr())
+        ctypes.CFUNCTYPE(None, ctypes.c_void_p)(entry)(host)
+        print("not reached", flush=True)
+    ''')
+    proc = subprocess.run([sys.executable, "-c", script], env=stage_env(LAST), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert "through the runtime: 42.0" in proc.stdout, proc.stderr
+    assert "not reached" not in proc.stdout
+    assert proc.returncode != 0
+    assert "the host touched device memory" in proc.stderr
+
+
+def test_a_failing_compiled_kernel_is_reported_naming_it():
+    x = torch.randn(4, 3, device="acme")
+    index = torch.tensor([1, 7], device="acme")
+    compiled = torch.compile(lambda t, i: t[i] * 2)
+    compiled(x, index)  # returns: the kernel fails later, on the stream
+    with pytest.raises(torch.AcceleratorError, match=r"kernel cpp_fused_\w+ failed.*index out of bounds"):
+        torch.acme.synchronize()
+
+
+# ---- what must give the same results compiled and eager ----
+
+def test_custom_ops_compile():
+    x, bias = torch.randn(16, 32, device="acme"), torch.randn(32, device="acme")
+
+    def f(x, b):
+        return torch.ops.acme.swiglu(x, x * 2) + torch.ops.acme.bias_gelu(x, b)
+
+    explanation = torch._dynamo.explain(f)(x, bias)
+    assert explanation.graph_break_count == 0
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    eager, compiled = f(xs[0], bias), torch.compile(f)(xs[1], bias)
+    eager.sum().backward()
+    compiled.sum().backward()
+    torch.testing.assert_close(compiled, eager, **TOL)
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, **TOL)
+
+
+def test_autocast_gives_the_same_dtypes_and_values():
+    x, w = torch.randn(64, 32, device="acme"), torch.randn(32, 16, device="acme")
+
+    def f(x, w):
+        with torch.autocast("acme", dtype=torch.bfloat16):
+            return (x @ w).relu() + 1, (x @ w).float().softmax(-1)
+
+    eager, compiled = f(x, w), torch.compile(f)(x, w)
+    assert [t.dtype for t in compiled] == [t.dtype for t in eager] == [torch.bfloat16,
+                                                                        torch.float32]
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a.float().cpu(), b.float().cpu(), atol=1e-2, rtol=1e-2)
+
+
+def test_dropout_with_a_seed_matches_eager_forward_and_backward():
+    x = torch.randn(256, 64, device="acme")
+
+    def f(x):
+        return F.dropout(x * 2, p=0.5, training=True)
+
+    results = []
+    for fn in (f, torch.compile(f)):
+        leaf = x.clone().requires_grad_()
+        torch.manual_seed(7)
+        out = fn(leaf)
+        out.sum().backward()
+        results.append((out, leaf.grad))
+    (eager, eager_grad), (compiled, compiled_grad) = results
+    assert torch.equal(compiled.cpu(), eager.cpu())
+    assert torch.equal(compiled_grad.cpu(), eager_grad.cpu())
+    assert 0.4 < (eager_grad == 0).float().mean().item() < 0.6
+
+
+# ---- the places Inductor treats only "cpu" as its C++ backend ----
+
+def test_a_cpu_scalar_beside_acme_tensors_stays_a_scalar():
+    x = torch.randn(6, 5)
+
+    def f(t):
+        return torch.tensor(2.0) * t + 1
+
+    y = torch.compile(f)(x.to("acme"))
+    assert y.device.type == "acme"
+    torch.testing.assert_close(y.cpu(), f(x), **TOL)
+
+
+@pytest.mark.parametrize("case", ["permuted", "transposed", "contiguous"])
+def test_argmax_over_all_dims_counts_in_logical_order(case):
+    x = torch.randn(4, 5, 6)
+    f = {"permuted": lambda t: t.permute(2, 0, 1).argmax(),
+         "transposed": lambda t: t.transpose(0, 2).argmin(),
+         "contiguous": lambda t: t.argmax()}[case]
+    assert torch.compile(f)(x.to("acme")).item() == f(x).item()
+
+
+def test_the_backend_code_version_is_in_the_cache_key():
+    from torch._dynamo.utils import counters
+    from torch_acme import inductor_config
+
+    x = torch.randn(8, device="acme")
+    seen = []
+    for version in ("one", "one", "two"):
+        torch._dynamo.reset()
+        counters.clear()
+        with inductor_config.patch(code_version=version):
+            torch.compile(lambda t: (t * 3).cos())(x)
+        seen.append("hit" if counters["inductor"]["fxgraph_cache_hit"] else "miss")
+    assert seen[1:] == ["hit", "miss"]
+
+
+# ---- Dynamo and the device's own calls ----
+
+def test_dynamo_traces_device_queries_without_breaking_the_graph():
+    def f(x):
+        stream = torch.acme.current_stream()
+        return x.sin() + torch.acme.device_count() + torch.acme.current_device(), stream
+
+    x = torch.randn(8, device="acme")
+    explanation = torch._dynamo.explain(f)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    got, stream = torch.compile(f, fullgraph=True)(x)
+    torch.testing.assert_close(got, f(x)[0], **TOL)
+    assert stream == torch.acme.current_stream()
+
+
+def test_streams_in_a_compiled_graph_run_without_inductor_and_say_so():
+    def f(x):
+        side = torch.Stream(device="acme")
+        with side:
+            y = x.cos() * 2
+        torch.acme.current_stream().wait_stream(side)
+        torch.acme.synchronize()
+        return y + 1
+
+    x = torch.randn(64, device="acme")
+    assert torch._dynamo.explain(f)(x).graph_break_count == 0
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(f)(x)
+    assert any("streams, events or synchronize" in str(w.message) for w in caught)
+    torch.testing.assert_close(got, f(x), **TOL)
+
+
+def test_unsupported_wrappers_raise_naming_the_device():
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed,
+                       match="acme: torch.compile with the C\\+\\+ wrapper"):
+        torch.compile(lambda t: t + 1, options={"cpp_wrapper": True})(
+            torch.ones(2, device="acme"))
