@@ -211,7 +211,9 @@ def test_generated_kernels_touch_device_memory_only_through_the_runtime(tmp_path
         from torch_acme.inductor import acme_kernel_source
         cpu_kernel = """async_compile.cpp_pybinding(['const float*', 'float*'], r\'\'\'
         #include <torch/csrc/inductor/cpp_prefix.h>
-        extern "C" void kernel(const float* in_ptr0, float* out_ptr0) { out_ptr0[0] = 2 * in_ptr0[0]; }
+        extern "C" void kernel(const float* in_ptr0, float* out_ptr0) {
+            out_ptr0[0] = 2 * in_ptr0[0];
+        }
         \'\'\')"""
         signature, source = acme_kernel_source("double_it", cpu_kernel)
         entry = ctypes.cast(CppCodeCache.load(source).kernel, ctypes.c_void_p).value
@@ -235,7 +237,8 @@ def test_a_failing_compiled_kernel_is_reported_naming_it():
     index = torch.tensor([1, 7], device="acme")
     compiled = torch.compile(lambda t, i: t[i] * 2)
     compiled(x, index)  # returns: the kernel fails later, on the stream
-    with pytest.raises(torch.AcceleratorError, match=r"kernel cpp_fused_\w+ failed.*index out of bounds"):
+    failure = r"kernel cpp_fused_\w+ failed.*index out of bounds"
+    with pytest.raises(torch.AcceleratorError, match=failure):
         torch.acme.synchronize()
 
 

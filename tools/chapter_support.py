@@ -178,8 +178,14 @@ def last_error() -> BaseException:
     assert error is not None, "the previous cell did not raise"
     del sys.last_value
     # IPython keeps its own reference to the traceback (for %debug): empty the
-    # frames themselves, so no failed call's locals outlive the cell.
-    traceback.clear_frames(error.__traceback__)
+    # frames themselves, so no failed call's locals outlive the cell. The same
+    # for the exceptions it was raised from (a compiler wraps the one that
+    # failed, whose frames hold the graph's inputs).
+    chained, seen = error, set()
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        traceback.clear_frames(chained.__traceback__)
+        chained = chained.__cause__ or chained.__context__
     sys.last_traceback = sys.last_type = None
     shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
     if shell is not None:

@@ -10,9 +10,11 @@
 
 namespace acme {
 
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
+
 void launch_compiled_kernel(const std::string& name, CompiledKernelEntry entry,
                             const std::vector<CompiledKernelArgument>& arguments) {
-  TORCH_CHECK(entry != nullptr, "acme: compiled kernel ", name, " has no entry point");
+  TORCH_CHECK(entry != nullptr, kAcme, ": compiled kernel ", name, " has no entry point");
   std::optional<c10::Device> device;
   std::vector<uint64_t> slots;
   slots.reserve(arguments.size());
@@ -23,20 +25,21 @@ void launch_compiled_kernel(const std::string& name, CompiledKernelEntry entry,
       continue;
     }
     const at::Tensor& t = *argument.tensor;
-    TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "acme: compiled kernel ", name,
-                " got a tensor on ", t.device(), " as argument ", i,
-                "; kernels Inductor generates for acme read acme memory only");
-    TORCH_CHECK(!device || *device == t.device(), "acme: compiled kernel ", name,
+    TORCH_CHECK(t.device().type() == kAcme, kAcme, ": compiled kernel ", name, " got a tensor on ",
+                t.device(), " as argument ", i, "; kernels Inductor generates for ", kAcme,
+                " read ", kAcme, " memory only");
+    TORCH_CHECK(!device || *device == t.device(), kAcme, ": compiled kernel ", name,
                 " got tensors on ", *device, " and ", t.device(),
                 "; one kernel runs on one device");
     device = t.device();
     slots.push_back(reinterpret_cast<uint64_t>(device_address(t.data_ptr())));
   }
-  TORCH_CHECK(device, "acme: compiled kernel ", name, " got no tensor, so no device to run on");
+  TORCH_CHECK(device, kAcme, ": compiled kernel ", name, " got no tensor, so no device to run on");
   // The kernel owns its argument array; the tensors stay with the caller, as
   // with any acme kernel (chapter 18): the caching allocator keeps their
   // memory from being reused before this stream has run the kernel.
-  launch_kernel(device->index(), name.c_str(), [entry, slots = std::move(slots)] { entry(slots.data()); });
+  launch_kernel(device->index(), name.c_str(),
+                [entry, slots = std::move(slots)] { entry(slots.data()); });
 }
 
 }  // namespace acme

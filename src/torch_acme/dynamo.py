@@ -37,6 +37,7 @@ def _index(device) -> int:
     return torch.device(device).index if not isinstance(device, int) else device
 
 
+#> ch20 device-interface
 class AcmeInterface(DeviceInterface):
     device = acme.device
     Stream = torch.Stream
@@ -106,7 +107,9 @@ class AcmeInterface(DeviceInterface):
 register_interface_for_device(DEVICE_NAME, AcmeInterface)
 for _i in range(acme.device_count()):  # "acme:1" too, as Dynamo has "cuda:1"
     register_interface_for_device(f"{DEVICE_NAME}:{_i}", AcmeInterface)
+#< ch20 device-interface
 
+#> ch20 constant-queries
 # Dynamo traces into the device module's Python functions. Where they ask the
 # runtime which device is current, a call into the extension would end the
 # graph; Dynamo treats the answer as fixed while it traces instead, as it does
@@ -114,3 +117,4 @@ for _i in range(acme.device_count()):  # "acme:1" too, as Dynamo has "cuda:1"
 # torch.accelerator, which Dynamo records in the graph.
 for _query in (acme.current_device, acme.device_count, acme.is_available):
     torch.compiler.assume_constant_result(_query)
+#< ch20 constant-queries
