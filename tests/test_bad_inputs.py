@@ -40,8 +40,8 @@ TABLE = Path(__file__).with_name("bad_inputs.toml")
 ROWS = tomllib.loads(TABLE.read_text())["row"]
 FIELDS = {"id", "topic", "title", "setup", "code", "error", "message", "demonstrates", "process",
           "stage", "backend", "env", "prepare", "cpu_only_torch"}
-TOPICS = ("devices", "memory", "ops", "custom-ops", "processes", "autocast", "checkpoints",
-          "stages")
+TOPICS = ("devices", "memory", "ops", "custom-ops", "processes", "autocast", "compile",
+          "checkpoints", "stages")
 REQUIRED_IN_ISSUE = {  # the rows the issue asks for, by id
     "device-index-tensor", "device-index-set-device", "cross-device-op", "out-of-memory",
     "host-touch-device-memory", "autocast-dtype", "rename-twice", "checkpoint-without-backend",

@@ -40,6 +40,22 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+def chain(x):
+    return ((((x * 1.5 + 0.5).sin() * x).cos() - x) * 0.25).exp()
+
+
+def acme_kernels_of(fn):
+    """Names of the kernels the runtime ran on acme while `fn` ran."""
+    torch.acme.synchronize()
+    runtime.activity_enable(True)
+    try:
+        fn()
+        torch.acme.synchronize()
+    finally:
+        runtime.activity_enable(False)
+    return [r["name"] for r in runtime.activity_flush() if r["kind"] == "kernel"]
+
+
 # ---- the three models of the issue ----
 
 class MLP(nn.Module):
@@ -112,7 +128,15 @@ def test_model_compiles_forward_and_backward(name, dynamic):
 
     expected_cpu = forward_backward(cpu_model, x)
     expected_acme = forward_backward(eager_model, x.to("acme"))
-    got = forward_backward(torch.compile(compiled_model, dynamic=dynamic), x.to("acme"))
+    compiled = torch.compile(compiled_model, dynamic=dynamic)
+    got = None
+
+    def run():
+        nonlocal got
+        got = forward_backward(compiled, x.to("acme"))
+
+    kernels = acme_kernels_of(run)
+    assert any(k.startswith("cpp_fused_") for k in kernels), kernels  # Inductor's, on acme
 
     for want_cpu, want_acme, have in zip(expected_cpu[:2] + tuple(expected_cpu[2]),
                                          expected_acme[:2] + tuple(expected_acme[2]),
@@ -120,6 +144,10 @@ def test_model_compiles_forward_and_backward(name, dynamic):
         assert have.device.type == "acme"
         torch.testing.assert_close(have.cpu(), want_acme.cpu(), **TOL)
         torch.testing.assert_close(have.cpu(), want_cpu, **TOL)
+    if dynamic:  # another batch size: the same graph, no recompile
+        bigger = torch.randn((2 * shape[0], *shape[1:]))
+        torch.testing.assert_close(compiled(bigger.to("acme")).detach().cpu(),
+                                   cpu_model(bigger).detach(), **TOL)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -142,22 +170,6 @@ def test_dynamic_shapes_reuse_one_graph_across_sizes():
 
 
 # ---- how the kernels run ----
-
-def chain(x):
-    return ((((x * 1.5 + 0.5).sin() * x).cos() - x) * 0.25).exp()
-
-
-def acme_kernels_of(fn):
-    """Names of the kernels the runtime ran on acme while `fn` ran."""
-    torch.acme.synchronize()
-    runtime.activity_enable(True)
-    try:
-        fn()
-        torch.acme.synchronize()
-    finally:
-        runtime.activity_enable(False)
-    return [r["name"] for r in runtime.activity_flush() if r["kind"] == "kernel"]
-
 
 def test_a_chain_of_elementwise_ops_is_one_kernel_launch():
     x = torch.randn(4096, device="acme")
@@ -306,31 +318,90 @@ def test_a_cpu_scalar_beside_acme_tensors_stays_a_scalar():
     torch.testing.assert_close(y.cpu(), f(x), **TOL)
 
 
-@pytest.mark.parametrize("case", ["permuted", "transposed", "contiguous"])
+@pytest.mark.parametrize("case", ["permuted", "transposed", "contiguous", "keepdim"])
 def test_argmax_over_all_dims_counts_in_logical_order(case):
     x = torch.randn(4, 5, 6)
     f = {"permuted": lambda t: t.permute(2, 0, 1).argmax(),
          "transposed": lambda t: t.transpose(0, 2).argmin(),
-         "contiguous": lambda t: t.argmax()}[case]
-    assert torch.compile(f)(x.to("acme")).item() == f(x).item()
+         "contiguous": lambda t: t.argmax(),
+         "keepdim": lambda t: t.permute(1, 0, 2).argmax(keepdim=True)}[case]
+    got, want = torch.compile(f)(x.to("acme")), f(x)
+    assert got.shape == want.shape and torch.equal(got.cpu(), want)
+
+
+def test_identical_kernels_on_the_cpu_and_on_acme_stay_apart():
+    def f(a, b):
+        return (a * 2 + 1).sin(), (b * 2 + 1).sin()  # the same fused kernel, twice
+
+    a, b = torch.randn(64), torch.randn(64)
+    on_cpu, on_acme = torch.compile(f)(a, b.to("acme"))
+    assert on_cpu.device.type == "cpu" and on_acme.device.type == "acme"
+    torch.testing.assert_close(on_cpu, (a * 2 + 1).sin(), **TOL)
+    torch.testing.assert_close(on_acme.cpu(), (b * 2 + 1).sin(), **TOL)
+
+
+def test_acme_tensors_made_inside_the_compiled_function():
+    x = torch.randn(32)
+
+    def f(t):
+        return t.to("acme").sin() * torch.ones(32, device="acme")
+
+    got = torch.compile(f)(x)
+    assert got.device.type == "acme"
+    torch.testing.assert_close(got.cpu(), x.sin(), **TOL)
+
+
+def test_attention_with_dropout_matches_eager_under_a_seed():
+    q = torch.randn(2, 4, 16, 8, device="acme")
+
+    def f(t):
+        return F.scaled_dot_product_attention(t, t, t, dropout_p=0.3)
+
+    torch.manual_seed(5)
+    eager = f(q)
+    torch.manual_seed(5)
+    compiled = torch.compile(f)(q)
+    torch.testing.assert_close(compiled.cpu(), eager.cpu(), **TOL)
 
 
 def test_the_backend_code_version_is_in_the_cache_key():
+    import uuid
+
     from torch._dynamo.utils import counters
     from torch_acme import inductor_config
 
     x = torch.randn(8, device="acme")
+    run = uuid.uuid4().hex  # versions no earlier run has cached a graph for
     seen = []
-    for version in ("one", "one", "two"):
+    for version in (f"one-{run}", f"one-{run}", f"two-{run}"):
         torch._dynamo.reset()
         counters.clear()
         with inductor_config.patch(code_version=version):
             torch.compile(lambda t: (t * 3).cos())(x)
         seen.append("hit" if counters["inductor"]["fxgraph_cache_hit"] else "miss")
-    assert seen[1:] == ["hit", "miss"]
+    assert seen == ["miss", "hit", "miss"]
 
 
 # ---- Dynamo and the device's own calls ----
+
+def test_a_compiled_function_follows_the_current_device():
+    if torch.acme.device_count() < 2:
+        pytest.skip("needs two acme devices")
+
+    def f(x):
+        return x + torch.acme.current_device(), torch.acme.current_stream()
+
+    compiled = torch.compile(f)
+    x = torch.zeros(4)
+    try:
+        for device in (0, 1):
+            torch.acme.set_device(device)
+            got, stream = compiled(x.to(f"acme:{device}"))
+            assert torch.equal(got.cpu(), torch.full((4,), float(device)))
+            assert stream.device_index == device
+    finally:
+        torch.acme.set_device(0)
+
 
 def test_dynamo_traces_device_queries_without_breaking_the_graph():
     def f(x):

@@ -32,7 +32,9 @@ void launch_compiled_kernel(const std::string& name, CompiledKernelEntry entry,
                 " got tensors on ", *device, " and ", t.device(),
                 "; one kernel runs on one device");
     device = t.device();
-    slots.push_back(reinterpret_cast<uint64_t>(device_address(t.data_ptr())));
+    // An empty tensor may point just past its allocation; the kernel reads none of it.
+    const bool empty = t.numel() == 0;
+    slots.push_back(empty ? 0 : reinterpret_cast<uint64_t>(device_address(t.data_ptr())));
   }
   TORCH_CHECK(device, kAcme, ": compiled kernel ", name, " got no tensor, so no device to run on");
   // The kernel owns its argument array; the tensors stay with the caller, as

@@ -15,6 +15,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import threading
 
 # The compiler's module -> acme's module that registers with it on import.
 _REGISTRATIONS = {
@@ -27,14 +28,19 @@ class _RegisterAfterLoad(importlib.abc.MetaPathFinder):
     """Finds nothing itself: for a module in _REGISTRATIONS it returns the
     usual spec, with a loader that imports acme's module right after it."""
 
+    def __init__(self):
+        self._asking = threading.local()  # set while it asks the other finders
+
     def find_spec(self, name, path, target=None):
-        if name not in _REGISTRATIONS or name in sys.modules:
+        if name not in _REGISTRATIONS or getattr(self._asking, "name", None) == name:
             return None
-        sys.meta_path.remove(self)  # let the usual finders find it
+        self._asking.name = name
         try:
             spec = importlib.util.find_spec(name)
         finally:
-            sys.meta_path.insert(0, self)
+            self._asking.name = None
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return None  # not there, or a loader of another kind: import it as usual
         load = spec.loader.exec_module
 
         def exec_module(module):

@@ -34,8 +34,18 @@ def device_count() -> int:
 #< ch11 device-count
 
 
+#> ch01 current-device < ch20 current-device
+# def current_device() -> int:
+#     return runtime.current_device()
+#< ch01 current-device
+#> ch20 current-device
 def current_device() -> int:
-    return runtime.current_device()
+    """The current device's index. Asked through torch.accelerator, which
+    Dynamo knows: compiled code that depends on it is guarded on the answer."""
+    import torch
+
+    return torch.accelerator.current_device_index()
+#< ch20 current-device
 
 
 def set_device(device) -> None:

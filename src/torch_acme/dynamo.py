@@ -16,8 +16,9 @@ from torch._dynamo.device_interface import DeviceInterface, register_interface_f
 from . import DEVICE_NAME
 from . import device as acme
 
-# Properties read once in the main process, for Inductor's compile workers,
-# which must not initialize the device themselves.
+# Properties read once, by the first process that asks (the main process,
+# before it starts Inductor's compile workers, which must not initialize the
+# device themselves), and kept.
 _worker_properties: list = []
 _worker_device: int | None = None
 
@@ -32,9 +33,10 @@ def _compiler_properties(index: int):
 
 
 def _index(device) -> int:
-    if device is None:
-        return acme.current_device()
-    return torch.device(device).index if not isinstance(device, int) else device
+    if isinstance(device, int):
+        return device
+    index = None if device is None else torch.device(device).index
+    return AcmeInterface.Worker.current_device() if index is None else index
 
 
 #> ch20 device-interface
@@ -58,8 +60,7 @@ class AcmeInterface(DeviceInterface):
             if not _worker_properties:
                 _worker_properties.extend(_compiler_properties(i)
                                           for i in range(acme.device_count()))
-            index = AcmeInterface.Worker.current_device() if device is None else _index(device)
-            return _worker_properties[index]
+            return _worker_properties[_index(device)]
 
     current_device = staticmethod(acme.current_device)
     set_device = staticmethod(acme.set_device)
@@ -110,11 +111,10 @@ for _i in range(acme.device_count()):  # "acme:1" too, as Dynamo has "cuda:1"
 #< ch20 device-interface
 
 #> ch20 constant-queries
-# Dynamo traces into the device module's Python functions. Where they ask the
-# runtime which device is current, a call into the extension would end the
-# graph; Dynamo treats the answer as fixed while it traces instead, as it does
-# for torch.cuda.current_device. synchronize() and current_stream() then reach
-# torch.accelerator, which Dynamo records in the graph.
-for _query in (acme.current_device, acme.device_count, acme.is_available):
+# Dynamo traces into the device module's Python functions, and a call into the
+# extension would end the graph. The device count cannot change in a process:
+# Dynamo may take it as a constant. (current_device asks torch.accelerator,
+# which Dynamo folds into the graph and guards on: device.py.)
+for _query in (acme.device_count, acme.is_available):
     torch.compiler.assume_constant_result(_query)
 #< ch20 constant-queries

@@ -17,6 +17,7 @@ import ast
 import ctypes
 import functools
 import re
+import threading
 import warnings
 
 import torch
@@ -96,6 +97,18 @@ def acme_kernel_source(name: str, cpu_definition: str) -> tuple[str, str]:
              f'    {name}({", ".join(expressions)});\n}}\n')
     return "".join(letters), f"{body}\n\n{entry}"
 #< ch20 kernel-source
+
+
+#> ch20 scheduling
+class AcmeScheduling(CppScheduling):
+    """Inductor's C++ scheduling, for acme nodes (Inductor makes one scheduling
+    per device type). Inductor names kernels by their source, graph-wide, so
+    a CPU kernel and an acme kernel with the same source would share one name
+    and one way of being called: mark acme's sources as acme's."""
+
+    def define_kernel(self, src_code, nodes, kernel_args=None):
+        return super().define_kernel(f"// {DEVICE_NAME} kernel\n{src_code}", nodes, kernel_args)
+#< ch20 scheduling
 
 
 # ---- the wrapper: the Python code that allocates buffers and calls kernels ----
@@ -222,8 +235,10 @@ def _on_acme(graph, example_inputs) -> bool:
     def is_acme(value) -> bool:
         return isinstance(value, torch.Tensor) and value.device.type == DEVICE_NAME
 
+    # Dynamo's graphs keep a node's fake value as "example_value", later ones as "val".
     return (any(is_acme(x) for x in example_inputs)
-            or any(is_acme(node.meta.get("val")) for node in graph.graph.nodes))
+            or any(is_acme(node.meta.get("val", node.meta.get("example_value")))
+                   for node in graph.graph.nodes))
 
 
 def _uses_streams(graph) -> bool:
@@ -231,11 +246,8 @@ def _uses_streams(graph) -> bool:
                for node in graph.graph.nodes)
 
 
-def _settings_in_effect() -> bool:
-    return all(getattr(config, name) == value for name, value in ACME_SETTINGS.items())
-
-
 _compile_fx = compile_fx_module.compile_fx
+_inside = threading.local()  # compile_fx calls itself once it has applied its patches
 
 
 #> ch20 compile-fx
@@ -243,7 +255,7 @@ _compile_fx = compile_fx_module.compile_fx
 def compile_fx(model, example_inputs, *args, config_patches=None, **kwargs):
     """Inductor's entry point, applying ACME_SETTINGS to graphs on acme (to
     their backward too: compile_fx hands the patches to the later compile)."""
-    if _on_acme(model, example_inputs):
+    if not getattr(_inside, "patched", False) and _on_acme(model, example_inputs):
         if _uses_streams(model):
             # Dynamo records streams, events and synchronize in the graph, but
             # Inductor 2.13 writes the code that switches streams for GPUs only
@@ -255,8 +267,14 @@ def compile_fx(model, example_inputs, *args, config_patches=None, **kwargs):
                           "for; it runs without Inductor's kernels (as backend='aot_eager')",
                           stacklevel=2)
             return torch._dynamo.lookup_backend("aot_eager")(model, example_inputs)
-        if not _settings_in_effect():
-            config_patches = {**ACME_SETTINGS, **(config_patches or {})}
+        # The user's own patches (torch.compile's options) win over acme's.
+        _inside.patched = True
+        try:
+            return _compile_fx(model, example_inputs, *args,
+                               config_patches={**ACME_SETTINGS, **(config_patches or {})},
+                               **kwargs)
+        finally:
+            _inside.patched = False
     return _compile_fx(model, example_inputs, *args, config_patches=config_patches, **kwargs)
 
 
@@ -289,11 +307,11 @@ class AcmeGraphPass(CustomGraphModulePass):
         scalar to eager. Inductor copies it to a GPU; for other devices it
         builds the kernel on the CPU, which would read acme memory through the
         host mapping. Copy it to acme."""
+        result = node.meta.get("val")
+        if not isinstance(result, torch.Tensor) or result.device.type != DEVICE_NAME:
+            return  # only ops whose result is on acme: not copies to the host, say
         values = {arg: arg.meta.get("val") for arg in node.all_input_nodes}
-        device = next((v.device for v in values.values()
-                       if isinstance(v, torch.Tensor) and v.device.type == DEVICE_NAME), None)
-        if device is None:
-            return
+        device = result.device
         for arg, value in values.items():
             if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0:
                 with graph.inserting_before(node):
@@ -316,20 +334,27 @@ class AcmeGraphPass(CustomGraphModulePass):
         source = node.args[0]
         value = source.meta.get("val")
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
         if dim is not None or not isinstance(value, torch.Tensor) or value.dim() < 2:
             return
-        if value.device.type != DEVICE_NAME or value.is_contiguous():
+        if value.device.type != DEVICE_NAME:
             return
         with graph.inserting_before(node):
             copy = graph.call_function(torch.ops.aten.clone.default, (source,),
                                        {"memory_format": torch.contiguous_format})
             flat = graph.call_function(torch.ops.aten.view.default, (copy, [-1]))
             reduced = graph.call_function(node.target, (flat, 0))
+            shaped = reduced
+            if keepdim:  # the index, shaped [1] * rank as the original returns it
+                shaped = graph.call_function(torch.ops.aten.view.default,
+                                             (reduced, [1] * value.dim()))
         with value.fake_mode:
             copy.meta["val"] = value.clone(memory_format=torch.contiguous_format)
             flat.meta["val"] = copy.meta["val"].view(-1)
             reduced.meta["val"] = node.target(flat.meta["val"], 0)
-        node.replace_all_uses_with(reduced)
+            shaped.meta["val"] = reduced.meta["val"].view([1] * value.dim()) if keepdim \
+                else reduced.meta["val"]
+        node.replace_all_uses_with(shaped)
         graph.erase_node(node)
 
     def uuid(self) -> str:
@@ -339,8 +364,8 @@ class AcmeGraphPass(CustomGraphModulePass):
 # ---- registration ----
 #> ch20 registration
 # The scheduling, which decides what to fuse and writes the kernels, is the
-# CPU's; the wrapper code is acme's. Inductor's caches key on inductor_config.
-register_backend_for_device(DEVICE_NAME, CppScheduling, AcmeWrapperCodegen,
+# CPU's (marked); the wrapper code is acme's. Inductor's caches key on inductor_config.
+register_backend_for_device(DEVICE_NAME, AcmeScheduling, AcmeWrapperCodegen,
                             AcmeCppWrapperCodegen, AcmeFxWrapperCodegen,
                             device_custom_pass=AcmeGraphPass(),
                             device_custom_config=inductor_config)
