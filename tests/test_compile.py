@@ -16,11 +16,11 @@ import warnings
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_acme  # noqa: F401 - registers torch.acme
 from conftest import LAST, stage_env
+from tools.compile_models import MODELS, chain, forward_backward
 from torch_acme import runtime
 
 pytestmark = [
@@ -40,10 +40,6 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def chain(x):
-    return ((((x * 1.5 + 0.5).sin() * x).cos() - x) * 0.25).exp()
-
-
 def acme_kernels_of(fn):
     """Names of the kernels the runtime ran on acme while `fn` ran."""
     torch.acme.synchronize()
@@ -56,64 +52,7 @@ def acme_kernels_of(fn):
     return [r["name"] for r in runtime.activity_flush() if r["kind"] == "kernel"]
 
 
-# ---- the three models of the issue ----
-
-class MLP(nn.Module):
-    """Linear layers with chains of elementwise ops between them to fuse."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(32, 64)
-        self.b = nn.Linear(64, 16)
-
-    def forward(self, x):
-        h = self.a(x)
-        return self.b((F.gelu(h) * torch.sigmoid(h) + 0.5).tanh())
-
-
-class Block(nn.Module):
-    """A pre-norm transformer block: attention, layer norm, GELU."""
-
-    def __init__(self, width=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-        self.fc1, self.fc2 = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        batch, length, width = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(width, dim=-1)
-        q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(batch, length, width))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-class ConvBlock(nn.Module):
-    """Convolution, batch norm, pooling and a residual connection."""
-
-    def __init__(self):
-        super().__init__()
-        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.fc = nn.Linear(8 * 4 * 4, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.bn(self.c1(x))), 2)
-        x = F.relu(self.c2(x)) + x
-        return self.fc(F.adaptive_avg_pool2d(x, 4).flatten(1))
-
-
-MODELS = {"mlp": (MLP, (8, 32)), "block": (Block, (2, 8, 32)), "cnn": (ConvBlock, (4, 3, 8, 8))}
-
-
-def forward_backward(model, x):
-    x = x.detach().clone().requires_grad_()
-    out = model(x)
-    out.square().sum().backward()
-    return out.detach(), x.grad, [p.grad for p in model.parameters()]
-
+# ---- the three models of the issue (tools/compile_models.py) ----
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("name", list(MODELS))

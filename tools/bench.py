@@ -308,10 +308,7 @@ def profiling(torch, dev: str, rounds: int, timed) -> dict:
 def compiling(torch, dev: str, rounds: int, timed) -> dict:
     """Chapter 20: a chain of 8 elementwise ops compiled and eager; a transformer
     block's compile time."""
-    import torch.nn.functional as F
-
-    def chain(x):
-        return ((((x * 1.5 + 0.5).sin() * x).cos() - x) * 0.25).exp()
+    from compile_models import Block, chain  # beside this file
 
     x = torch.rand(1 << 20)
     dx = x.to(dev)
@@ -327,26 +324,9 @@ def compiling(torch, dev: str, rounds: int, timed) -> dict:
     speedups = [e / c for e, c in zip(eager, compiled)]
     versus_cpu = [c / p for c, p in zip(compiled, compiled_cpu)]
 
-    class Block(torch.nn.Module):
-        def __init__(self, width=64, heads=4):
-            super().__init__()
-            self.heads = heads
-            self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
-            self.qkv = torch.nn.Linear(width, 3 * width)
-            self.proj = torch.nn.Linear(width, width)
-            self.fc1, self.fc2 = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
-
-        def forward(self, h):
-            b, t, w = h.shape
-            q, k, v = self.qkv(self.ln1(h)).split(w, dim=-1)
-            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            h = h + self.proj(a.transpose(1, 2).reshape(b, t, w))
-            return h + self.fc2(F.gelu(self.fc1(self.ln2(h))))
-
     def compile_time(caches: bool) -> float:
         torch._dynamo.reset()
-        block = Block().to(dev)
+        block = Block(width=64).to(dev)
         h = torch.rand(4, 16, 64, device=dev, requires_grad=True)
         start = time.perf_counter()
         with torch._inductor.config.patch(force_disable_caches=not caches):
