@@ -9,6 +9,10 @@
 
 #include "aten/compiled_kernels.h"
 
+namespace {
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
+}  // namespace
+
 void acme_bind_compile(pybind11::module_& m) {
   m.def(
       "_launch_compiled",
@@ -16,18 +20,18 @@ void acme_bind_compile(pybind11::module_& m) {
          const pybind11::tuple& args) {
         // `signature` has one letter per argument of the kernel: 'p' for a
         // pointer (a tensor must come), 'i' for an int64 (an int must come).
-        TORCH_CHECK(args.size() == signature.size(), c10::DeviceType::PrivateUse1, ": compiled kernel ", name, " takes ",
-                    signature.size(), " arguments, got ", args.size());
+        TORCH_CHECK(args.size() == signature.size(), kAcme, ": compiled kernel ", name,
+                    " takes ", signature.size(), " arguments, got ", args.size());
         std::vector<acme::CompiledKernelArgument> arguments(args.size());
         for (size_t i = 0; i < args.size(); ++i) {
           PyObject* arg = args[i].ptr();
           if (signature[i] == 'p') {
-            TORCH_CHECK_TYPE(THPVariable_Check(arg), c10::DeviceType::PrivateUse1, ": compiled kernel ", name,
+            TORCH_CHECK_TYPE(THPVariable_Check(arg), kAcme, ": compiled kernel ", name,
                              " expects a tensor as argument ", i, ", got ",
                              Py_TYPE(arg)->tp_name);
             arguments[i].tensor = THPVariable_Unpack(arg);
           } else {
-            TORCH_CHECK_TYPE(PyLong_Check(arg), c10::DeviceType::PrivateUse1, ": compiled kernel ", name,
+            TORCH_CHECK_TYPE(PyLong_Check(arg), kAcme, ": compiled kernel ", name,
                              " expects an int as argument ", i, ", got ", Py_TYPE(arg)->tp_name);
             arguments[i].integer = pybind11::cast<int64_t>(args[i]);
           }

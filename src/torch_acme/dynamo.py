@@ -88,6 +88,7 @@ class AcmeInterface(DeviceInterface):
 
     @staticmethod
     def get_raw_stream(device_idx: int) -> int:
+        """The runtime's handle of the current stream of acme:`device_idx`."""
         return torch.accelerator.current_stream(device_idx).native_handle
 
     @staticmethod

@@ -34,6 +34,7 @@ from torch._inductor.custom_graph_pass import CustomGraphModulePass
 from torch._inductor.virtualized import V
 
 from . import DEVICE_NAME, inductor_config
+from .dynamo import AcmeInterface
 from ._C import _launch_compiled
 
 # ---- running a compiled kernel ----
@@ -189,14 +190,11 @@ AcmeFxWrapperCodegen = _unsupported("the FX wrapper (fx_wrapper)")
 # ---- the few lines of device code the wrapper writes ----
 
 
-def get_raw_stream(device_index: int) -> int:
-    """The runtime's handle of the current stream of acme:`device_index`."""
-    return torch.accelerator.current_stream(device_index).native_handle
-
-
 class AcmeDeviceOpOverrides(DeviceOpOverrides):
     def import_get_raw_stream_as(self, name: str) -> str:
-        return f"from {__name__} import get_raw_stream as {name}"
+        # The device interface's (dynamo.py), as Inductor's GPU wrappers use theirs.
+        return f"from {AcmeInterface.__module__} import AcmeInterface\n" \
+               f"{name} = AcmeInterface.get_raw_stream"
 
     def set_device(self, device_idx: int) -> str:
         return f"torch.{DEVICE_NAME}.set_device({device_idx})"
