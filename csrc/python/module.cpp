@@ -18,6 +18,9 @@
 //> ch20 bind-compile-include
 #include "python/compile_bindings.h"
 //< ch20 bind-compile-include
+//> ch21 bind-distributed-include
+#include "python/distributed_bindings.h"
+//< ch21 bind-distributed-include
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native part of torch_acme: runtime bindings and the torch glue.";
@@ -42,4 +45,7 @@ PYBIND11_MODULE(_C, m) {
 //> ch20 bind-compile
   acme_bind_compile(m);
 //< ch20 bind-compile
+//> ch21 bind-distributed
+  acme_bind_distributed(m);
+//< ch21 bind-distributed
 }

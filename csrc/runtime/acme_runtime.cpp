@@ -526,6 +526,9 @@ const char* acmeGetErrorName(acmeError_t error) {
 //> ch18 launch-error-name
     case acmeErrorLaunchFailure: return "acmeErrorLaunchFailure";
 //< ch18 launch-error-name
+//> ch21 comm-error-name
+    case acmeErrorCommFailure: return "acmeErrorCommFailure";
+//< ch21 comm-error-name
   }
   return "acmeErrorUnrecognized";
 }
@@ -551,6 +554,9 @@ const char* acmeGetErrorString(acmeError_t error) {
 //> ch18 launch-error-string
     case acmeErrorLaunchFailure: return "a kernel failed while it ran";
 //< ch18 launch-error-string
+//> ch21 comm-error-string
+    case acmeErrorCommFailure: return "the communicator failed";
+//< ch21 comm-error-string
   }
   return "unrecognized error code";
 }

@@ -74,6 +74,10 @@ from . import compiler_hooks
 
 compiler_hooks.install()
 #< ch20 compiler
+#> ch21 register-distributed
+# torch.distributed: a collective backend for acme tensors.
+from . import distributed
+#< ch21 register-distributed
 #< ch01 device-module
 
 __all__ = [

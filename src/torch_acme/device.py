@@ -122,6 +122,19 @@ def stream(stream):
 
 def _index_or_current(device) -> int:
     return current_device() if device is None else _index(device)
+#> ch21 stream-classes
+
+
+# torch.acme.Stream and torch.acme.Event, as torch.cuda has them: FSDP2
+# (chapter 21) makes its streams and events through the device module. The
+# generic classes reach acme through its device guard already.
+def __getattr__(name: str):
+    if name in ("Stream", "Event"):
+        import torch
+
+        return getattr(torch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#< ch21 stream-classes
 
 
 #< ch06 stream-helpers

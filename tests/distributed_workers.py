@@ -1,0 +1,354 @@
+"""One rank of a test_distributed.py scenario: run as
+`python distributed_workers.py SCENARIO RANK WORLD PORT`. Each scenario checks
+its results against the CPU in the worker and raises on any difference; the
+last line it prints is `RESULT <json>` with what the test asserts on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+warnings.simplefilter("ignore")  # fallback notices and deprecations: not under test here
+
+import torch_acme  # noqa: E402
+
+DEVICE = torch_acme.DEVICE_NAME
+
+
+def init(rank: int, world: int, port: int, backend=None, seconds: float = 60) -> torch.device:
+    torch.accelerator.set_device_index(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=seconds))
+    return torch.device(DEVICE, rank)
+
+
+def value(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rank `rank`'s input: different on every rank, exact in every dtype."""
+    if dtype == torch.bool:
+        return torch.arange(n) % (rank + 2) == 0
+    if dtype.is_complex:
+        return torch.complex(torch.arange(n) + rank * 1.0, torch.full((n,), rank + 0.5)).to(dtype)
+    base = torch.arange(n, dtype=torch.float64) % 7
+    if dtype.is_floating_point:
+        return ((base + 1) * (rank + 1) * 0.25).to(dtype)
+    return (base.long() + 3 * rank + 1).to(dtype)
+
+
+def expected(op, dtype: torch.dtype, n: int, world: int) -> torch.Tensor:
+    """The reduction computed on the CPU, one rounding at the end (as acme does)."""
+    inputs = [value(r, n, dtype) for r in range(world)]
+    wide = torch.complex128 if dtype.is_complex else (
+        torch.float64 if dtype.is_floating_point else torch.int64)
+    xs = [x.to(wide) if dtype != torch.bool else x for x in inputs]
+    R = dist.ReduceOp
+    out = xs[0].clone()
+    for x in xs[1:]:
+        if op in (R.SUM, R.AVG):
+            out = out | x if dtype == torch.bool else out + x
+        elif op == R.PRODUCT:
+            out = out & x if dtype == torch.bool else out * x
+        elif op == R.MIN:
+            out = torch.minimum(out, x)
+        elif op == R.MAX:
+            out = torch.maximum(out, x)
+        elif op == R.BAND:
+            out = out & x
+        elif op == R.BOR:
+            out = out | x
+        elif op == R.BXOR:
+            out = out ^ x
+    if op == R.AVG:
+        out = out / world
+    if dtype in (torch.float16, torch.bfloat16):  # acme rounds from float32, as the CPU does
+        out = out.to(torch.float32)
+    return out.to(dtype)
+
+
+def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    got = got.cpu()
+    if not (torch.equal(got, want) if not want.dtype.is_floating_point and not want.dtype.is_complex
+            else torch.allclose(got, want, rtol=1e-6, atol=0)):
+        raise AssertionError(f"{what}: got {got[:8].tolist()}, want {want[:8].tolist()}")
+
+
+# ---- scenarios ----
+
+def collectives(rank: int, world: int, port: int) -> dict:
+    dev = init(rank, world, port)
+    R, checks = dist.ReduceOp, []
+    floats = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+    ints = [torch.int32, torch.int64, torch.int8, torch.uint8]
+    cases = [(op, dt) for dt in floats for op in (R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX)]
+    cases += [(op, dt) for dt in ints for op in (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR,
+                                                 R.BXOR)]
+    cases += [(op, torch.bool) for op in (R.SUM, R.PRODUCT, R.MIN, R.MAX)]
+    cases += [(op, torch.complex64) for op in (R.SUM, R.AVG)]
+    for op, dtype in cases:
+        for n in (0, 1, 13):  # empty, one element, not a multiple of the ranks
+            t = value(rank, n, dtype).to(dev)
+            dist.all_reduce(t, op=op)
+            same(t, expected(op, dtype, n, world), f"all_reduce {op} {dtype} n={n}")
+            checks.append(f"all_reduce {op} {dtype}")
+    # PREMUL_SUM: each input times the factor, then the sum
+    t = value(rank, 9, torch.float32).to(dev)
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+    same(t, expected(R.SUM, torch.float32, 9, world) * 0.5, "premul_sum")
+    # Larger than one staging slot (4 MiB): several chunks.
+    big = 3_000_001
+    t = value(rank, big, torch.float32).to(dev)
+    dist.all_reduce(t)
+    same(t, expected(R.SUM, torch.float32, big, world), "all_reduce in chunks")
+    # broadcast: every root, a dtype the runtime moves as bytes (int16), complex
+    for root in range(world):
+        for dtype in (torch.float32, torch.int16, torch.complex64, torch.bool):
+            t = value(rank, 11, dtype).to(dev)
+            dist.broadcast(t, src=root)
+            same(t, value(root, 11, dtype), f"broadcast {dtype} from {root}")
+    checks.append("broadcast")
+    # all_gather (list) and all_gather_into_tensor, one of them in chunks
+    for n in (5, 2_500_000):
+        outs = [torch.empty(n, device=dev) for _ in range(world)]
+        dist.all_gather(outs, value(rank, n, torch.float32).to(dev))
+        for r in range(world):
+            same(outs[r], value(r, n, torch.float32), f"all_gather n={n} from {r}")
+    flat = torch.empty(world * 6, dtype=torch.int16, device=dev)
+    dist.all_gather_into_tensor(flat, value(rank, 6, torch.int16).to(dev))
+    same(flat, torch.cat([value(r, 6, torch.int16) for r in range(world)]), "all_gather_into_tensor")
+    checks.append("all_gather")
+    # reduce_scatter_tensor: rank r gets block r of the sum (also in chunks)
+    for n, op in ((4, R.SUM), (1_200_000, R.SUM), (4, R.MAX)):
+        out = torch.empty(n, device=dev)
+        dist.reduce_scatter_tensor(out, value(rank, n * world, torch.float32).to(dev), op=op)
+        same(out, expected(op, torch.float32, n * world, world)[rank * n:(rank + 1) * n],
+             f"reduce_scatter_tensor n={n} {op}")
+    checks.append("reduce_scatter_tensor")
+    # all_to_all_single: even splits, then uneven ones (rank r sends r+1+q rows to rank q)
+    rows = torch.arange(world * 3 * 2, dtype=torch.float32).reshape(world * 3, 2) + 100 * rank
+    out = torch.empty_like(rows, device=dev)
+    dist.all_to_all_single(out, rows.to(dev))
+    want = torch.cat([(torch.arange(world * 3 * 2, dtype=torch.float32).reshape(world * 3, 2)
+                       + 100 * r)[rank * 3:(rank + 1) * 3] for r in range(world)])
+    same(out, want, "all_to_all_single even")
+    send_splits = [rank + 1 + q for q in range(world)]
+    recv_splits = [r + 1 + rank for r in range(world)]
+    src = torch.arange(sum(send_splits) * 3, dtype=torch.int16).reshape(-1, 3) + 1000 * rank
+    out = torch.empty(sum(recv_splits), 3, dtype=torch.int16, device=dev)
+    dist.all_to_all_single(out, src.to(dev), recv_splits, send_splits)
+    pieces = []
+    for r in range(world):
+        theirs = [r + 1 + q for q in range(world)]
+        start = sum(theirs[:rank])
+        pieces.append((torch.arange(sum(theirs) * 3, dtype=torch.int16).reshape(-1, 3)
+                       + 1000 * r)[start:start + theirs[rank]])
+    same(out, torch.cat(pieces), "all_to_all_single uneven")
+    checks.append("all_to_all_single")
+    # send/recv around the ring, one message larger than the 1 MiB channel, one empty
+    for n in (7, 600_000, 0):
+        nxt, prev = (rank + 1) % world, (rank - 1) % world
+        got = torch.empty(n, device=dev)
+        if rank % 2 == 0:
+            dist.send(value(rank, n, torch.float32).to(dev), nxt)
+            dist.recv(got, prev)
+        else:
+            dist.recv(got, prev)
+            dist.send(value(rank, n, torch.float32).to(dev), nxt)
+        same(got, value(prev, n, torch.float32), f"send/recv n={n}")
+    checks.append("send/recv")
+    # reduce, gather, scatter to root 1
+    t = value(rank, 5, torch.float32).to(dev)
+    dist.reduce(t, dst=1)
+    same(t, expected(R.SUM, torch.float32, 5, world) if rank == 1 else value(rank, 5, torch.float32),
+         "reduce")
+    outs = [torch.empty(4, device=dev) for _ in range(world)] if rank == 1 else None
+    dist.gather(value(rank, 4, torch.float32).to(dev), outs, dst=1)
+    if rank == 1:
+        for r in range(world):
+            same(outs[r], value(r, 4, torch.float32), "gather")
+    got = torch.empty(3, device=dev)
+    dist.scatter(got, [torch.full((3,), 10.0 + r, device=dev) for r in range(world)]
+                 if rank == 1 else None, src=1)
+    same(got, torch.full((3,), 10.0 + rank), "scatter")
+    checks.append("reduce/gather/scatter")
+    # objects travel through acme tensors too
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank})
+    assert objs == [{"rank": r} for r in range(world)], objs
+    # async_op: the handle waits; the future's value is the result
+    t = value(rank, 1 << 20, torch.float32).to(dev)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    same(t, expected(R.SUM, torch.float32, 1 << 20, world), "async all_reduce")
+    fut = dist.all_reduce(value(rank, 4, torch.float32).to(dev), async_op=True).get_future()
+    same(fut.wait()[0], expected(R.SUM, torch.float32, 4, world), "future value")
+    checks.append("async")
+    # Stream order: the collective runs where the current stream is, after the
+    # work queued before it, even while that work is still running.
+    side = torch.Stream(device=dev)
+    with side:
+        torch.acme._sleep(200_000)  # keeps the stream busy 0.2 s
+        t = torch.ones(4, device=dev) * (rank + 1)  # queued behind the sleep
+        work = dist.all_reduce(t, async_op=True)
+        queued_before_done = not work.is_completed()
+        work.wait()
+        same(t, torch.full((4,), float(sum(range(1, world + 1)))), "on a side stream")
+    checks.append("stream order")
+    dist.barrier()
+    # CPU tensors in the same group go to gloo
+    c = torch.full((3,), float(rank + 1))
+    dist.all_reduce(c)
+    same(c, torch.full((3,), float(sum(range(1, world + 1)))), "cpu tensor through gloo")
+    dist.destroy_process_group()
+    return {"checks": len(checks), "async_returned_before_done": queued_before_done}
+
+
+def init_forms(rank: int, world: int, port: int) -> dict:
+    """Which backend each way of calling init_process_group gives acme and CPU tensors."""
+    seen = {}
+    for i, form in enumerate([None, DEVICE, f"cpu:gloo,{DEVICE}:{DEVICE}"]):
+        dev = init(rank, world, port + i, form)
+        pg = dist.group.WORLD
+        t = torch.ones(2, device=dev)
+        c = torch.ones(2)
+        dist.all_reduce(t)
+        dist.all_reduce(c)
+        seen[str(form)] = {
+            "acme": pg._get_backend(dev).name(), "cpu": pg._get_backend(torch.device("cpu")).name(),
+            "sums": [t.cpu().tolist(), c.tolist()],
+            "default_for_device": dist.get_default_backend_for_device(DEVICE)}
+        dist.destroy_process_group()
+    return seen
+
+
+def ddp(rank: int, world: int, port: int) -> dict:
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    import ddp_train
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    path = os.path.join(os.environ["DIST_TMP"], "ddp.pt")
+    ddp_train.train(rank, world, DEVICE, 6, save=path)
+    if rank != 0:
+        return {}
+    dist_params = torch.load(path)
+    result = {}
+    for device in (DEVICE, "cpu"):  # one process, the whole batches
+        one = os.path.join(os.environ["DIST_TMP"], f"one-{device}.pt")
+        ddp_train.train(0, 1, device, 6, save=one)
+        ref = torch.load(one)
+        result[device] = max((dist_params[k] - ref[k]).abs().max().item() for k in ref)
+    initial = ddp_train.make_model().state_dict()
+    result["moved"] = max((dist_params[k] - initial[k]).abs().max().item() for k in initial)
+    return result
+
+
+def fsdp(rank: int, world: int, port: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    import ddp_train
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    torch.accelerator.set_device_index(rank)
+    mesh = init_device_mesh(DEVICE, (world,))
+    dev = torch.device(DEVICE, rank)
+    model = ddp_train.make_model().to(dev)
+    for layer in model:
+        if any(p.requires_grad for p in layer.parameters()):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    rows = slice(rank * ddp_train.BATCH // world, (rank + 1) * ddp_train.BATCH // world)
+    for step in range(6):
+        x, y = ddp_train.global_batch(step)
+        loss = torch.nn.functional.cross_entropy(model(x[rows].to(dev)), y[rows].to(dev))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+    dist.destroy_process_group()
+    if rank != 0:
+        return {}
+    one = os.path.join(os.environ["DIST_TMP"], "one-fsdp.pt")
+    ddp_train.train(0, 1, "cpu", 6, save=one)
+    ref = torch.load(one)
+    return {"cpu": max((full[k] - ref[k]).abs().max().item() for k in ref)}
+
+
+# ---- faults: each must end in a clear error well inside the timeout ----
+
+def failure(fn) -> dict:
+    start = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # what the user sees
+        return {"error": type(e).__name__, "message": str(e).splitlines()[0],
+                "seconds": time.monotonic() - start}
+    return {"error": None, "seconds": time.monotonic() - start}
+
+
+def rank_exits(rank: int, world: int, port: int) -> dict:
+    dev = init(rank, world, port, seconds=20)
+    t = torch.ones(4, device=dev)
+    dist.all_reduce(t)  # the communicator is up
+    torch.accelerator.synchronize()
+    if rank == 1:
+        os._exit(3)  # dies without a word
+    result = failure(lambda: dist.all_reduce(t))
+    result["after"] = failure(lambda: dist.all_reduce(t))  # the communicator stays failed
+    return result
+
+
+def rank_hangs(rank: int, world: int, port: int) -> dict:
+    dev = init(rank, world, port, seconds=3)
+    t = torch.ones(4, device=dev)
+    dist.all_reduce(t)
+    if rank == 1:
+        time.sleep(8)  # alive, but never comes
+        return {}
+    return failure(lambda: dist.all_reduce(t))
+
+
+def sizes_differ(rank: int, world: int, port: int) -> dict:
+    dev = init(rank, world, port, seconds=20)
+    result = {"all_reduce": failure(lambda: dist.all_reduce(torch.ones(10 + 2 * rank, device=dev)))}
+    group = dist.new_group()  # a fresh communicator for each case
+    splits = [1, 1] if rank == 0 else [2, 0]
+    result["all_to_all"] = failure(lambda: dist.all_to_all_single(
+        torch.empty(2, device=dev), torch.ones(2, device=dev), splits, [1, 1], group=group))
+    group = dist.new_group()
+    t = torch.ones(3, device=dev) if rank == 0 else torch.ones(3, dtype=torch.int32, device=dev)
+    result["send/recv"] = failure(
+        lambda: dist.send(t, 1, group=group) if rank == 0 else dist.recv(t, 0, group=group))
+    # rank 0 returns from send before the receiver checked; its wait is the next collective
+    result["next"] = failure(lambda: dist.all_reduce(torch.ones(1, device=dev), group=group))
+    return result
+
+
+def wrong_device(rank: int, world: int, port: int) -> dict:
+    dev = init(rank, world, port, seconds=3)
+    dist.all_reduce(torch.ones(2, device=dev))  # binds rank r to acme:r
+    other = torch.device(DEVICE, 1 - rank)
+    if rank == 0:
+        result = failure(lambda: dist.all_reduce(torch.ones(2, device=other)))
+        time.sleep(5)  # stays alive: rank 1 must time out, not see rank 0 exit
+        return result
+    return failure(lambda: dist.all_reduce(torch.ones(2, device=dev)))  # waits for rank 0
+
+
+SCENARIOS = {f.__name__: f for f in (collectives, init_forms, ddp, fsdp, rank_exits, rank_hangs,
+                                      sizes_differ, wrong_device)}
+
+if __name__ == "__main__":
+    name, rank, world, port = sys.argv[1], *map(int, sys.argv[2:5])
+    result = SCENARIOS[name](rank, world, port)
+    print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)  # a failed communicator's group is not torn down cleanly by c10d
