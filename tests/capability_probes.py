@@ -316,12 +316,32 @@ def ch20_compile():
     return torch.allclose(compiled(x.to(device())).cpu(), (x * 2).sin() + 1, atol=1e-5)
 
 
+def ch21_distributed():
+    import torch
+    import torch.distributed as dist
+    import torch_acme  # noqa: F401
+
+    # init_process_group() with no backend finds one for acme tensors, and its
+    # collectives run. (Before: "we don't know which communication backend to
+    # use for this accelerator".) One rank here; tests/test_distributed.py has two.
+    dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = torch.arange(4.0, device=device())
+        dist.all_reduce(t)
+        out = torch.empty(4, device=device())
+        dist.all_gather_into_tensor(out, t)
+        return torch.equal(out.cpu(), torch.arange(4.0))
+    finally:
+        dist.destroy_process_group()
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
           11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops,
           14: ch14_conformance, 15: ch15_custom_ops, 16: ch16_storage, 17: ch17_packaging,
-          18: ch18_async, 19: ch19_profiler, 20: ch20_compile}
+          18: ch18_async, 19: ch19_profiler, 20: ch20_compile,
+          21: ch21_distributed}
 
 
 def main():

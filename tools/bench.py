@@ -73,6 +73,7 @@ TARGETS = {
     "profiler": 2.0,  # a small model's forward passes profiled <= 2x unprofiled (chapter 19)
     "compiled_speedup": 2.0,  # 8 elementwise ops on 1M: eager acme / compiled acme >= 2
     "compiled_vs_cpu": 1.2,   # ... compiled acme / compiled CPU <= 1.2 (chapter 20)
+    "ddp_vs_gloo": 1.2,  # a DDP step on 2 processes, acme / gloo on CPU tensors (chapter 21)
 }
 
 
@@ -401,6 +402,18 @@ def run_worker(stage: int, checked: bool, rounds: int, loop_number: int, cycles:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def distributed_figures(quick: bool) -> dict:
+    """tools/dist_bench.py on two processes of stage NATIVE, in both modes."""
+    from dist_bench import run  # beside this file
+
+    figures = {}
+    for checked in (True, False):
+        env = dict(os.environ, PYTHONPATH=str(BUILD / "packages" / f"stage-{NATIVE:02d}"),
+                   ACME_CHECKED="1" if checked else "0", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+        figures[mode(checked)] = run(quick, env=env)
+    return figures
+
+
 # ---- build figures -------------------------------------------------------------------
 
 
@@ -695,6 +708,37 @@ def compile_section(results: dict) -> list[str]:
             "| --- | --- | --- | --- | --- | --- | --- | --- |", *rows, ""]
 
 
+def distributed_section(results: dict) -> list[str]:
+    """Chapter 21's figures: two processes, stage NATIVE, both modes."""
+    d = results.get("distributed")
+    if not d:
+        return []
+    rows, sizes = [], []
+    for checked in (True, False):
+        r = d[mode(checked)]
+        rows.append(f"| {mode(checked)} | {r['ddp_acme_s'] * 1e3:.2f} ms | "
+                    f"{r['ddp_gloo_cpu_s'] * 1e3:.2f} ms | {r['ratio']:.2f} "
+                    f"({min(r['ratios']):.2f}-{max(r['ratios']):.2f}) |")
+    checked = d["checked"]["allreduce"]
+    device = next(k for k in checked if k != "gloo")
+    for i, a in enumerate(checked[device]):
+        u, g = d["unchecked"]["allreduce"][device][i], checked["gloo"][i]
+        sizes.append(f"| {a['bytes'] // 1024:,} KiB | {a['seconds'] * 1e6:,.0f} us, "
+                     f"{a['bus_gb_s']:.2f} GB/s | {u['seconds'] * 1e6:,.0f} us, "
+                     f"{u['bus_gb_s']:.2f} GB/s | {g['seconds'] * 1e6:,.0f} us, "
+                     f"{g['bus_gb_s']:.2f} GB/s |")
+    return [f"**torch.distributed** (stage {NATIVE}, chapter 21, two processes on this "
+            "machine). A DDP training step (`tools/ddp_train.py`'s model, 32 rows per rank, "
+            "SGD) with acme tensors and acme's backend, against the same step with CPU "
+            "tensors and gloo, in the same processes.", "",
+            "| mode | DDP step, acme | DDP step, gloo on CPU | acme / gloo |",
+            "| --- | --- | --- | --- |", *rows, "",
+            "all_reduce of float32 tensors, one call after the other: time per call and bus "
+            "bandwidth (bytes x 2(n-1)/n / time, NCCL's busBw).", "",
+            "| size | acme, checked | acme, unchecked | gloo, CPU |", "| --- | --- | --- | --- |",
+            *sizes, "", "<!-- plot: allreduce_bandwidth.png -->", ""]
+
+
 def report(results: dict) -> str:
     m = results["machine"]
     runs = results["runs"]
@@ -742,6 +786,7 @@ def report(results: dict) -> str:
                      f"{max(f['ratios']):.2f}) |")
     lines += ["", "<!-- plot: fallback_copies.png -->", "", *memory_section(results),
               *async_section(results), *profiler_section(results), *compile_section(results),
+              *distributed_section(results),
               "**Targets** (benchmarks, never asserted)", "",
               "| target | checked | unchecked |", "| --- | --- | --- |"]
     ratio = lambda t: f"{t['value']:.2f}x: {verdict(t['met'])}"  # noqa: E731
@@ -774,6 +819,8 @@ def report(results: dict) -> str:
          f"{TARGETS['compiled_speedup']}x", "compiled_speedup", ratio),
         (f"native (stage {NATIVE}) the same, compiled acme / compiled CPU <= "
          f"{TARGETS['compiled_vs_cpu']}x", "compiled_vs_cpu", ratio),
+        (f"native (stage {NATIVE}) a DDP step on two processes, acme / gloo on CPU tensors <= "
+         f"{TARGETS['ddp_vs_gloo']}x", "ddp_vs_gloo", ratio),
     ]
     for name, key, show in rows:
         cells = []
@@ -920,6 +967,25 @@ def plots(results: dict, out: Path) -> list[str]:
         fig.tight_layout(rect=(0, 0.08, 1, 1))
         save(fig, "fragmentation.png")
 
+    d = results.get("distributed")
+    if d:
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        for key, label, color in (("checked", "acme, checked", "#1f77b4"),
+                                  ("unchecked", "acme, unchecked", "#9ecae1"),
+                                  ("gloo", "gloo, CPU tensors", "#d62728")):
+            series = d["checked"]["allreduce"]
+            series = series["gloo"] if key == "gloo" else next(
+                v for k, v in d[key]["allreduce"].items() if k != "gloo")
+            ax.plot([p["bytes"] for p in series], [p["bus_gb_s"] for p in series], "o-",
+                    label=label, color=color)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes per all_reduce")
+        ax.set_ylabel("bus bandwidth, GB/s")
+        ax.set_title("all_reduce on two processes")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        save(fig, "allreduce_bandwidth.png")
+
     b = results.get("build")
     if b:
         fig, ax = plt.subplots(figsize=(8, 2.8))
@@ -1018,7 +1084,13 @@ def main() -> None:
             print(f"timing {key} (stage {stage})", flush=True)
             results["runs"][key] = run_worker(stage, checked, args.rounds, loop_number,
                                               numbers["cycles"])
+    print(f"timing torch.distributed on two processes (stage {NATIVE})", flush=True)
+    results["distributed"] = distributed_figures(args.quick)
     results["targets"] = targets(results["runs"])
+    for checked in (True, False):
+        r = results["distributed"][mode(checked)]
+        results["targets"][mode(checked)]["ddp_vs_gloo"] = {
+            "value": r["ratio"], "met": r["ratio"] <= TARGETS["ddp_vs_gloo"]}
     results["imports"] = import_times(5 if args.quick else 15)
     if not args.skip_build:
         print("building every stage from scratch (several minutes)", flush=True)

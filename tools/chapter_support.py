@@ -155,6 +155,34 @@ def at_stage(number: int, code: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+def on_ranks(number: int, code: str, world: int = 2, timeout: float = 120,
+             **env: str) -> list[subprocess.CompletedProcess]:
+    """Run `code` as `world` processes against stage `number`, each with the
+    environment torchrun gives a rank (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT), so `init_process_group()` finds its peers."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        rank_env = dict(os.environ, PYTHONPATH=str(stage_path(number)), RANK=str(rank),
+                        LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(port), **env)
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=rank_env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    done = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+        for p in procs:
+            p.kill()
+    return done
+
+
 @functools.cache
 def compiled_accelerator() -> str | None:
     """The accelerator PyTorch itself was built with ("cuda" in the CUDA wheels), or

@@ -2,7 +2,7 @@
 a replica on its share of each batch; DistributedDataParallel averages the
 gradients with all_reduce. Either launcher works:
 
-    torchrun --nproc-per-node 2 tools/ddp_train.py --device acme
+    torchrun --standalone --nproc-per-node 2 tools/ddp_train.py --device acme
     python tools/ddp_train.py --device acme --spawn 2
 
 --world 1 trains one process on the whole batches: what DDP must equal.
@@ -85,9 +85,14 @@ def main() -> None:
     parser.add_argument("--save")
     args = parser.parse_args()
     if args.spawn:  # as mp.spawn users do: pick the rendezvous ourselves
+        import socket
+
         import torch.multiprocessing as mp
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29531")
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as s:  # a free port
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
         mp.spawn(_spawned, args=(args.spawn, args.device, args.steps, args.save),
                  nprocs=args.spawn)
     elif args.world == 1:

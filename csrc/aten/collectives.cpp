@@ -180,6 +180,7 @@ class ProcessGroupAcme : public c10d::Backend {
   const std::string getBackendName() const override { return name(); }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
 
+//> ch21 all-reduce
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                           const c10d::AllreduceOptions& opts) override {
     const at::Tensor& t = single(tensors, "all_reduce");
@@ -190,6 +191,7 @@ class ProcessGroupAcme : public c10d::Backend {
                            *runtime_type(out.scalar_type()), op, comm_, s);
     });
   }
+//< ch21 all-reduce
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                           const c10d::BroadcastOptions& opts) override {
@@ -506,6 +508,7 @@ class ProcessGroupAcme : public c10d::Backend {
     ACME_CHECK(e);
   }
 
+//> ch21 queue
   // Queues one collective on the current stream of `device`, and records the
   // event its Work waits for.
   // `then` queues what finishes the results (copies out of a staging buffer)
@@ -527,6 +530,7 @@ class ProcessGroupAcme : public c10d::Backend {
     return c10::make_intrusive<Work>(getRank(), type, what, std::move(outputs), device, done,
                                      comm_);
   }
+//< ch21 queue
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;

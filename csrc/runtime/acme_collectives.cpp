@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -129,6 +130,16 @@ struct Layout {
   }
 };
 
+// ACME_COMM_DEBUG=1: every rank writes what each collective moves to stderr,
+// as NCCL_DEBUG=INFO does for NCCL.
+bool debug() {
+  static const bool on = [] {
+    const char* v = std::getenv("ACME_COMM_DEBUG");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 uint64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -212,6 +223,7 @@ struct Collective {
   uint64_t deadline = 0;
   char what[96] = "";  // "all_reduce #3", for messages
 
+//> ch21 bounded-wait
   // Waits until ready(); false once the communicator failed, the rank
   // laggard() names exited, or the deadline passed (the communicator is then
   // marked failed on every rank).
@@ -243,6 +255,16 @@ struct Collective {
     }
   }
 
+  __attribute__((format(printf, 2, 3))) void note(const char* format, ...) const {
+    if (!debug()) return;
+    char line[256];
+    va_list args;
+    va_start(args, format);
+    std::vsnprintf(line, sizeof line, format, args);
+    va_end(args);
+    std::fprintf(stderr, "acme comm: rank %d/%d %s: %s\n", s->rank, s->nranks, what, line);
+  }
+
   // All ranks reach the same generation, or the collective fails.
   bool barrier() {
     const uint64_t g = ++s->generation;
@@ -256,22 +278,25 @@ struct Collective {
   }
 
   // Publishes this rank's call and checks that every rank made the same one.
+  // Every rank compares all with rank 0, so all name the same difference.
   bool agree() {
     const int parity = s->collectives % 2;
     s->h->ranks[s->rank].calls[parity] = call;
     if (!barrier()) return false;
-    for (int r = 0; r < s->nranks; ++r) {
+    const Call& first = s->h->ranks[0].calls[parity];
+    for (int r = 1; r < s->nranks; ++r) {
       const Call& other = s->h->ranks[r].calls[parity];
-      if (other == call) continue;
-      char mine[160], theirs[160];
-      describe(call, mine, sizeof mine);
-      describe(other, theirs, sizeof theirs);
-      s->fail_all("%s: the ranks disagree: rank %d called %s, rank %d called %s", what, s->rank,
-                  mine, r, theirs);
+      if (other == first) continue;
+      char described[2][160];
+      describe(first, described[0], sizeof described[0]);
+      describe(other, described[1], sizeof described[1]);
+      s->fail_all("%s: the ranks disagree: rank 0 called %s, rank %d called %s", what,
+                  described[0], r, described[1]);
       return false;
     }
     return true;
   }
+//< ch21 bounded-wait
 
   static void describe(const Call& c, char* out, size_t size) {
     int n = std::snprintf(out, size, "%s of %" PRIu64 " %s", kind_name(c.kind), c.count,
@@ -436,12 +461,15 @@ bool Collective::all_reduce() {
   for (size_t off = 0; off < call.count; off += per_chunk) {
     const size_t c = std::min(per_chunk, call.count - off);
     std::memcpy(s->slot(me), send + off * es, c * es);
+    note("stage [%zu,%zu) -> slot %d", off, off + c, me);
     if (!barrier()) return false;
     const size_t lo = c * me / n, hi = c * (me + 1) / n;
     for (int r = 0; r < n; ++r) srcs[r] = s->slot(r) + lo * es;
     reduce(call.type, call.op, s->result() + lo * es, srcs.data(), n, hi - lo);
+    note("reduce [%zu,%zu) of every slot -> result", off + lo, off + hi);
     if (!barrier()) return false;
     std::memcpy(recv + off * es, s->result(), c * es);
+    note("copy [%zu,%zu) <- result", off, off + c);
     if (!barrier()) return false;  // nobody restages before everyone has read
   }
   return true;
@@ -567,6 +595,9 @@ bool Collective::run() {
   else
     std::snprintf(what, sizeof what, "%s #%" PRIu64, kind_name(call.kind), ++st.collectives);
   if (st.failed()) return false;
+  char described[160];
+  describe(call, described, sizeof described);
+  note("%s", described);
   switch (call.kind) {
     case kSend:
     case kRecv: return point_to_point();

@@ -30,6 +30,10 @@
  *                       their stream; 1: every launch waits until its work is
  *                       done and returns its error itself (for debugging)
 //< ch18 launch-blocking-doc
+//> ch21 comm-debug-doc
+ *   ACME_COMM_DEBUG     1: every collective writes what it moves where to
+ *                       stderr, one line per step and rank (default 0)
+//< ch21 comm-debug-doc
  * A malformed value makes every call fail with acmeErrorInitialization.
  */
 #ifndef ACME_RUNTIME_H_
