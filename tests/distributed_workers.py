@@ -101,6 +101,16 @@ def collectives(rank: int, world: int, port: int) -> dict:
     t = value(rank, 9, torch.float32).to(dev)
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
     same(t, expected(R.SUM, torch.float32, 9, world) * 0.5, "premul_sum")
+    t = value(rank, 9, torch.bfloat16).to(dev)  # a tensor factor; the dtype stays bfloat16
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(torch.tensor(0.25)))
+    assert t.dtype == torch.bfloat16
+    same(t, (expected(R.SUM, torch.bfloat16, 9, world).float() * 0.25).bfloat16(), "premul tensor")
+    try:  # integers have no premultiplied sum: refused on the spot, on every rank
+        dist.all_reduce(torch.ones(3, dtype=torch.int32, device=dev),
+                        op=dist._make_nccl_premul_sum(2.0))
+        raise AssertionError("PREMUL_SUM of int32 was accepted")
+    except ValueError as error:
+        assert "PREMUL_SUM needs floating-point tensors" in str(error), error
     # Larger than one staging slot (4 MiB): several chunks.
     big = 3_000_001
     t = value(rank, big, torch.float32).to(dev)
@@ -112,6 +122,9 @@ def collectives(rank: int, world: int, port: int) -> dict:
             t = value(rank, 11, dtype).to(dev)
             dist.broadcast(t, src=root)
             same(t, value(root, 11, dtype), f"broadcast {dtype} from {root}")
+    t = value(rank, 2_000_001, torch.float32).to(dev)  # several 4 MiB chunks
+    dist.broadcast(t, src=world - 1)
+    same(t, value(world - 1, 2_000_001, torch.float32), "broadcast in chunks")
     checks.append("broadcast")
     # all_gather (list) and all_gather_into_tensor, one of them in chunks
     for n in (5, 2_500_000):
@@ -149,6 +162,12 @@ def collectives(rank: int, world: int, port: int) -> dict:
         pieces.append((torch.arange(sum(theirs) * 3, dtype=torch.int16).reshape(-1, 3)
                        + 1000 * r)[start:start + theirs[rank]])
     same(out, torch.cat(pieces), "all_to_all_single uneven")
+    block = 700_001  # more than one round's share of the slot per destination
+    src = value(rank, world * block, torch.float32)
+    out = torch.empty(world * block, device=dev)
+    dist.all_to_all_single(out, src.to(dev))
+    same(out, torch.cat([value(r, world * block, torch.float32)[rank * block:(rank + 1) * block]
+                         for r in range(world)]), "all_to_all_single in rounds")
     checks.append("all_to_all_single")
     # send/recv around the ring, one message larger than the 1 MiB channel, one empty
     for n in (7, 600_000, 0):

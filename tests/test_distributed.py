@@ -41,11 +41,13 @@ def environment(tmp_path: Path) -> dict:
                 DIST_TMP=str(tmp_path), PYTHONUNBUFFERED="1")
 
 
-def run_ranks(scenario: str, tmp_path: Path, world: int = 2, timeout: float = 120) -> list[dict]:
+def run_ranks(scenario: str, tmp_path: Path, world: int = 2, timeout: float = 120,
+              **env: str) -> list[dict]:
     """Starts every rank; returns each one's exit code, RESULT and output."""
     port = free_port()  # init_forms also takes the two after it
     procs = [subprocess.Popen([sys.executable, str(WORKERS), scenario, str(r), str(world),
-                               str(port)], env=environment(tmp_path), stdout=subprocess.PIPE,
+                               str(port)], env={**environment(tmp_path), **env},
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(world)]
     ranks = []
     try:
@@ -75,10 +77,17 @@ def test_every_collective_matches_the_cpu(tmp_path):
     # barrier, and CPU tensors through gloo in the same group.
     results = succeeded(run_ranks("collectives", tmp_path))
     for result in results:
-        assert result["checks"] == 170
+        assert result["checks"] == 170  # how many cases ran; each compared itself
         # Queued behind 0.2 s of work on its stream, the collective had not run
         # when the call returned: it is asynchronous, ordered by the stream.
         assert result["async_returned_before_done"]
+
+
+def test_three_ranks(tmp_path):
+    # Shares of a third, a rank in the middle of the ring, uneven all_to_all.
+    results = succeeded(run_ranks("collectives", tmp_path, world=3, timeout=240,
+                                  ACME_DEVICE_COUNT="3"))
+    assert [r["checks"] for r in results] == [170] * 3
 
 
 def test_each_way_to_init_gives_acme_and_gloo(tmp_path):

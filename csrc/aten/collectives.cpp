@@ -12,6 +12,8 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <algorithm>
+#include <climits>
 #include <functional>
 #include <optional>
 #include <thread>
@@ -71,8 +73,11 @@ acmeReduceOp runtime_op(const c10d::ReduceOp& op, at::ScalarType t) {
                       name(), " backend: ReduceOp.", op_name,
                       " is not defined for complex tensors (SUM, AVG and PREMUL_SUM are)");
   switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-    case c10d::ReduceOp::PREMUL_SUM: return is_bool ? acmeMax : acmeSum;
+    case c10d::ReduceOp::PREMUL_SUM:
+      TORCH_CHECK_VALUE(floating, name(), " backend: ReduceOp.PREMUL_SUM needs floating-point "
+                        "tensors, not ", t);
+      return acmeSum;
+    case c10d::ReduceOp::SUM: return is_bool ? acmeMax : acmeSum;
     case c10d::ReduceOp::PRODUCT: return is_bool ? acmeMin : acmeProd;
     case c10d::ReduceOp::MIN: return acmeMin;
     case c10d::ReduceOp::MAX: return acmeMax;
@@ -106,20 +111,27 @@ at::Tensor premultiplied(const at::Tensor& input, const c10d::ReduceOp& op) {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return input;
   auto* factor = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
   TORCH_CHECK_VALUE(factor, name(), " backend: PREMUL_SUM without its factor");
-  if (factor->tensor_factor.defined()) return input * factor->tensor_factor.to(input.device());
-  return input * factor->double_factor;
+  // The product keeps the input's dtype: the collective reduces that type.
+  if (factor->tensor_factor.defined()) {
+    TORCH_CHECK_VALUE(factor->tensor_factor.numel() == 1, name(),
+                      " backend: PREMUL_SUM's factor must have one element");
+    return (input * factor->tensor_factor.to(input.device()).reshape({})).to(input.scalar_type());
+  }
+  return (input * factor->double_factor).to(input.scalar_type());
 }
 
 // A handle on one queued collective.
 class Work : public c10d::Work {
  public:
   Work(int rank, c10d::OpType type, const char* what, std::vector<at::Tensor> outputs,
-       c10::Device device, acmeEvent_t done, acmeComm_t comm)
+       c10::Device device, acmeEvent_t done, acmeComm_t comm,
+       c10::intrusive_ptr<c10d::Backend> owner)
       : c10d::Work(rank, type),
         what_(what),
         outputs_(std::move(outputs)),
         done_(done),
         comm_(comm),
+        owner_(std::move(owner)),
         future_(c10::make_intrusive<c10::ivalue::Future>(
             c10::ListType::create(c10::TensorType::get()), std::vector<c10::Device>{device})) {
     // Completes "on the stream": whoever waits on the future has their
@@ -165,6 +177,7 @@ class Work : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   acmeEvent_t done_;
   acmeComm_t comm_;
+  c10::intrusive_ptr<c10d::Backend> owner_;  // keeps comm_ alive as long as the Work
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -226,6 +239,8 @@ class ProcessGroupAcme : public c10d::Backend {
                            : outputs.empty() || outputs[0].empty(),
                       name(), " backend: gather needs a list of ", getSize(),
                       " tensors on the root, none elsewhere");
+    if (root)
+      for (const at::Tensor& out : outputs[0]) same_shape(out, in, "gather", "an output");
     at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
     return queue(
         c10d::OpType::GATHER, "gather", in.device(), root ? outputs[0] : std::vector<at::Tensor>{},
@@ -235,10 +250,8 @@ class ProcessGroupAcme : public c10d::Backend {
         },
         [&] {
           if (!root) return;
-          for (int r = 0; r < getSize(); ++r) {
-            check(outputs[0][r], "an output");
+          for (int r = 0; r < getSize(); ++r)
             outputs[0][r].copy_(flat.narrow(0, r * in.numel(), in.numel()).view(in.sizes()));
-          }
         });
   }
 
@@ -251,8 +264,12 @@ class ProcessGroupAcme : public c10d::Backend {
                            : inputs.empty() || inputs[0].empty(),
                       name(), " backend: scatter needs a list of ", getSize(),
                       " tensors on the root, none elsewhere");
-    at::Tensor flat = root ? at::cat(inputs[0]).reshape({-1})
-                           : at::empty({getSize() * out.numel()}, out.options());
+    if (root)
+      for (const at::Tensor& in : inputs[0]) same_shape(in, out, "scatter", "an input");
+    std::vector<at::Tensor> pieces;
+    if (root)
+      for (const at::Tensor& in : inputs[0]) pieces.push_back(in.reshape({-1}));
+    at::Tensor flat = root ? at::cat(pieces) : at::empty({getSize() * out.numel()}, out.options());
     return queue(
         c10d::OpType::SCATTER, "scatter", out.device(), {out},
         [&](acmeStream_t s) {
@@ -317,7 +334,11 @@ class ProcessGroupAcme : public c10d::Backend {
       const c10d::ReduceScatterOptions& opts) override {
     TORCH_CHECK_VALUE(!ins.empty() && outs.size() == ins.size(), name(),
                       " backend: one output per input");
-    for (size_t i = 0; i < ins.size(); ++i) check_scatter(outs[i], ins[i]);
+    for (size_t i = 0; i < ins.size(); ++i) {
+      check_scatter(outs[i], ins[i]);
+      runtime_op(opts.reduceOp, ins[i].scalar_type());
+      reducible(ins[i]);
+    }
     return queue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
                  "reduce_scatter_tensor_coalesced", ins[0].device(), outs, [&](acmeStream_t s) {
                    for (size_t i = 0; i < ins.size(); ++i)
@@ -330,9 +351,10 @@ class ProcessGroupAcme : public c10d::Backend {
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
     TORCH_CHECK_VALUE(!tensors.empty(), name(), " backend: all_reduce_coalesced of no tensors");
     std::vector<acmeReduceOp> ops;
-    for (const at::Tensor& t : tensors) {
+    for (const at::Tensor& t : tensors) {  // all checked before any is queued
       check(t, "a tensor");
       ops.push_back(runtime_op(opts.reduceOp, t.scalar_type()));
+      reducible(t);
     }
     return queue(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors[0].device(),
                  tensors, [&](acmeStream_t s) {
@@ -353,6 +375,7 @@ class ProcessGroupAcme : public c10d::Backend {
       at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& opts) override {
     check_scatter(out, in);
     runtime_op(opts.reduceOp, in.scalar_type());  // refuses what cannot reduce, here
+    reducible(in);
     return queue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", in.device(), {out},
                  [&](acmeStream_t s) { return scatter_into(out, in, opts.reduceOp, s); });
   }
@@ -432,6 +455,14 @@ class ProcessGroupAcme : public c10d::Backend {
   }
 
  private:
+  // gather's outputs and scatter's inputs: the other side's shape and dtype.
+  void same_shape(const at::Tensor& t, const at::Tensor& like, const char* op, const char* what) {
+    check(t, what);
+    TORCH_CHECK_VALUE(t.sizes() == like.sizes() && t.dtype() == like.dtype(), name(),
+                      " backend: ", op, ": ", what, " of ", t.sizes(), " ", t.dtype(),
+                      " does not match ", like.sizes(), " ", like.dtype());
+  }
+
   void check_gather(const at::Tensor& out, const at::Tensor& in) {
     check(in, "the input");
     check(out, "the output");
@@ -502,8 +533,9 @@ class ProcessGroupAcme : public c10d::Backend {
       raise(c10::str("rank ", getRank(), " could not get the communicator's id from rank 0: ",
                      e.what_without_backtrace()));
     }
-    const acmeError_t e =
-        acmeCommInitRank(&comm_, getSize(), id, getRank(), unsigned(timeout_.count()));
+    // The runtime takes milliseconds as an unsigned int, 0 meaning "none".
+    const auto ms = std::clamp<int64_t>(timeout_.count(), 1, UINT_MAX);
+    const acmeError_t e = acmeCommInitRank(&comm_, getSize(), id, getRank(), unsigned(ms));
     if (e == acmeErrorCommFailure) raise(acmeGetLastErrorMessage());
     ACME_CHECK(e);
   }
@@ -527,8 +559,9 @@ class ProcessGroupAcme : public c10d::Backend {
     acmeEvent_t done;
     ACME_CHECK(acmeEventCreate(&done, device.index(), acmeEventDefault));
     ACME_CHECK(acmeEventRecord(done, stream));
-    return c10::make_intrusive<Work>(getRank(), type, what, std::move(outputs), device, done,
-                                     comm_);
+    return c10::make_intrusive<Work>(
+        getRank(), type, what, std::move(outputs), device, done, comm_,
+        c10::intrusive_ptr<c10d::Backend>::unsafe_reclaim_from_nonowning(this));
   }
 //< ch21 queue
 

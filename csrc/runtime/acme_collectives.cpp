@@ -32,6 +32,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/internal.h"
@@ -43,7 +44,7 @@ using acme::internal::fail;
 constexpr int kMaxRanks = 64;
 constexpr uint32_t kMagic = 0x6163636c;    // "accl": the segment is initialized
 constexpr size_t kSlotBytes = 4u << 20;    // each rank's staging slot
-constexpr size_t kChannelBytes = 1u << 20;  // each ordered pair's point-to-point buffer
+constexpr size_t kChannelBytes = 256u << 10;  // each ordered pair's point-to-point buffer
 
 enum Kind : int32_t {
   kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kBarrier, kSend, kRecv
@@ -187,7 +188,11 @@ struct State {
   }
   bool failed() const { return h->failed.load(std::memory_order_acquire) != 0; }
   std::string reason() const {
-    while (h->failed.load(std::memory_order_acquire) == 1) sched_yield();
+    // The rank writing the reason may die mid-sentence: wait for it a while.
+    for (int i = 0; i < 100000 && h->failed.load(std::memory_order_acquire) == 1; ++i)
+      sched_yield();
+    if (h->failed.load(std::memory_order_acquire) == 1)
+      return "a rank failed the communicator and exited before it said why";
     return std::string(h->reason, strnlen(h->reason, sizeof h->reason));
   }
   // Marks the communicator failed on every rank; the first reason wins.
@@ -396,7 +401,11 @@ void store(char* p, size_t i, typename Types<Type>::A a) {
 
 template <class A, int Op>
 A combine(A a, A b) {
-  if constexpr (Op == acmeSum || Op == acmeAvg) return a + b;
+  using U = std::make_unsigned_t<std::conditional_t<std::is_integral_v<A>, A, int>>;
+  if constexpr (std::is_integral_v<A> && (Op == acmeSum || Op == acmeProd)) {
+    // Integers wrap around, as the CPU's do (signed overflow is undefined in C++).
+    return static_cast<A>(Op == acmeSum ? U(a) + U(b) : U(a) * U(b));
+  } else if constexpr (Op == acmeSum || Op == acmeAvg) return a + b;
   else if constexpr (Op == acmeProd) return a * b;
   else if constexpr (Op == acmeMin || Op == acmeMax) {
     if constexpr (std::is_floating_point_v<A>) {
@@ -617,15 +626,20 @@ bool Collective::run() {
 int run_collective(void* args, char* message, size_t size) {
   auto* c = static_cast<Collective*>(args);
   State& st = *c->s;
+  // Wait for this communicator's earlier collectives (queued on other
+  // streams). No deadline of its own: each of those is bounded, and one that
+  // fails marks the communicator failed, which ends this wait.
+  const bool turn = c->wait(
+      [&] { return st.next.load(std::memory_order_acquire) == c->ticket; }, [] { return -1; });
+  if (!turn) {  // the communicator failed: so will every later collective
+    std::snprintf(message, size, "%s", st.reason().c_str());
+    return 1;
+  }
   c->deadline = st.timeout_ms ? now_ns() + uint64_t(st.timeout_ms) * 1000000u : 0;
-  // Wait for this communicator's earlier collectives (queued on other streams).
-  bool ok = c->wait([&] { return st.next.load(std::memory_order_acquire) == c->ticket; },
-                    [] { return -1; });
-  if (ok) ok = c->run();
+  const bool ok = c->run();
   st.next.store(c->ticket + 1, std::memory_order_release);
   if (ok) return 0;
-  std::snprintf(message, size, "%s", st.failed() ? st.reason().c_str()
-                                                 : "waiting for an earlier collective");
+  std::snprintf(message, size, "%s", st.reason().c_str());
   return 1;
 }
 
@@ -654,6 +668,16 @@ acmeError_t check_type(int type, int op, bool reduces, const char* caller) {
   if (!floating && op == acmeAvg)
     return fail(acmeErrorInvalidValue, "%s: avg needs a floating type, not %s", caller,
                 type_name(type));
+  return acmeSuccess;
+}
+
+// count elements of es bytes, times `times`, without wrapping around.
+acmeError_t byte_count(size_t count, size_t es, size_t times, const char* caller,
+                       size_t* bytes) {
+  if (count > SIZE_MAX / es / times)
+    return fail(acmeErrorInvalidValue, "%s: %zu elements are more than memory holds", caller,
+                count);
+  *bytes = count * es * times;
   return acmeSuccess;
 }
 
@@ -692,7 +716,8 @@ acmeError_t queue(Collective* c, acmeComm_t comm, const char* caller, acmeStream
   c->s = comm->state;
   c->ticket = st.queued.load();
   const acmeError_t e = acmeLaunchKernel(stream, caller, run_collective, c, release_collective);
-  if (e == acmeSuccess) st.queued.fetch_add(1);
+  // With ACME_LAUNCH_BLOCKING=1 a launch failure means the collective ran.
+  if (e == acmeSuccess || e == acmeErrorLaunchFailure) st.queued.fetch_add(1);
   return e;
 }
 
@@ -732,9 +757,16 @@ acmeError_t acmeCommInitRank(acmeComm_t* comm, int nranks, acmeCommId id, int ra
   auto timed_out = [&] { return deadline && now_ns() > deadline; };
   if (rank == 0) {
     s->fd = shm_open(id.name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (s->fd < 0 || ftruncate(s->fd, off_t(layout.total)) != 0)
+    if (s->fd < 0)
       return fail(acmeErrorCommFailure, "%s: cannot create the segment %s: %s", caller, id.name,
                   std::strerror(errno));
+    // Reserve the memory now: a full /dev/shm is an error here, not a SIGBUS later.
+    const int reserved = posix_fallocate(s->fd, 0, off_t(layout.total));
+    if (reserved != 0) {
+      shm_unlink(id.name);
+      return fail(acmeErrorCommFailure, "%s: cannot reserve %zu bytes in /dev/shm for %d ranks: %s",
+                  caller, layout.total, nranks, std::strerror(reserved));
+    }
   } else {  // rank 0 may not have made it yet
     struct stat st = {};
     while ((s->fd = shm_open(id.name, O_RDWR, 0600)) < 0 || fstat(s->fd, &st) != 0 ||
@@ -748,6 +780,8 @@ acmeError_t acmeCommInitRank(acmeComm_t* comm, int nranks, acmeCommId id, int ra
     }
   }
   void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+  // (Every rank computes the segment's size from nranks, so a rank told
+  // another count never finds a segment of its size, and times out.)
   if (base == MAP_FAILED) {
     if (rank == 0) shm_unlink(id.name);
     return fail(acmeErrorCommFailure, "%s: cannot map the segment: %s", caller,
@@ -765,16 +799,15 @@ acmeError_t acmeCommInitRank(acmeComm_t* comm, int nranks, acmeCommId id, int ra
       return fail(acmeErrorCommFailure, "%s: rank %d timed out waiting for rank 0", caller, rank);
     usleep(1000);
   }
-  if (s->h->nranks != nranks)
-    return fail(acmeErrorCommFailure, "%s: rank %d was told %d ranks, rank 0 %d", caller, rank,
-                nranks, s->h->nranks);
   struct flock lock = {};  // held until this process exits: how the others see it alive
   lock.l_type = F_WRLCK;
   lock.l_whence = SEEK_SET;
   lock.l_start = rank;
   lock.l_len = 1;
-  if (fcntl(s->fd, F_SETLK, &lock) != 0)
+  if (fcntl(s->fd, F_SETLK, &lock) != 0) {
+    if (rank == 0) shm_unlink(id.name);
     return fail(acmeErrorCommFailure, "%s: rank %d is taken by another process", caller, rank);
+  }
   s->h->ranks[rank].pid.store(getpid());
 
   Collective join;  // every rank arrives at generation 1
@@ -805,9 +838,10 @@ acmeError_t acmeAllReduce(const void* send, void* recv, size_t count, acmeDataTy
   int device;
   if (acmeError_t e = stream_device(stream, &device)) return e;
   char* in;
-  if (acmeError_t e = view(send, count * type_size(type), device, "send", caller, &in)) return e;
-  if (acmeError_t e = view(recv, count * type_size(type), device, "recv", caller, &c->recv))
-    return e;
+  size_t bytes = 0;
+  if (acmeError_t e = byte_count(count, type_size(type), 1, caller, &bytes)) return e;
+  if (acmeError_t e = view(send, bytes, device, "send", caller, &in)) return e;
+  if (acmeError_t e = view(recv, bytes, device, "recv", caller, &c->recv)) return e;
   c->send = in;
   return queue(c.release(), comm, caller, stream);
 }
@@ -824,8 +858,9 @@ acmeError_t acmeBroadcast(void* buffer, size_t count, acmeDataType type, int roo
   c->call = {kBroadcast, type, 0, root, count};
   int device;
   if (acmeError_t e = stream_device(stream, &device)) return e;
-  if (acmeError_t e = view(buffer, count * type_size(type), device, "buffer", caller, &c->recv))
-    return e;
+  size_t bytes = 0;
+  if (acmeError_t e = byte_count(count, type_size(type), 1, caller, &bytes)) return e;
+  if (acmeError_t e = view(buffer, bytes, device, "buffer", caller, &c->recv)) return e;
   return queue(c.release(), comm, caller, stream);
 }
 
@@ -840,10 +875,10 @@ acmeError_t acmeAllGather(const void* send, void* recv, size_t sendCount, acmeDa
   int device;
   if (acmeError_t e = stream_device(stream, &device)) return e;
   char* in;
+  size_t bytes = 0;
+  if (acmeError_t e = byte_count(sendCount, es, comm->state->nranks, caller, &bytes)) return e;
   if (acmeError_t e = view(send, sendCount * es, device, "send", caller, &in)) return e;
-  if (acmeError_t e =
-          view(recv, sendCount * es * comm->state->nranks, device, "recv", caller, &c->recv))
-    return e;
+  if (acmeError_t e = view(recv, bytes, device, "recv", caller, &c->recv)) return e;
   c->send = in;
   return queue(c.release(), comm, caller, stream);
 }
@@ -859,9 +894,9 @@ acmeError_t acmeReduceScatter(const void* send, void* recv, size_t recvCount, ac
   int device;
   if (acmeError_t e = stream_device(stream, &device)) return e;
   char* in;
-  if (acmeError_t e =
-          view(send, recvCount * es * comm->state->nranks, device, "send", caller, &in))
-    return e;
+  size_t bytes = 0;
+  if (acmeError_t e = byte_count(recvCount, es, comm->state->nranks, caller, &bytes)) return e;
+  if (acmeError_t e = view(send, bytes, device, "send", caller, &in)) return e;
   if (acmeError_t e = view(recv, recvCount * es, device, "recv", caller, &c->recv)) return e;
   c->send = in;
   return queue(c.release(), comm, caller, stream);
@@ -883,6 +918,8 @@ acmeError_t acmeAllToAll(const void* send, const size_t* sendCounts, const size_
   c->recv_offsets.assign(recvOffsets, recvOffsets + n);
   size_t send_end = 0, recv_end = 0;  // how far into each buffer the blocks reach
   for (int r = 0; r < n; ++r) {
+    if (sendCounts[r] > SIZE_MAX - sendOffsets[r] || recvCounts[r] > SIZE_MAX - recvOffsets[r])
+      return fail(acmeErrorInvalidValue, "%s: the blocks for rank %d overflow", caller, r);
     send_end = std::max(send_end, sendOffsets[r] + sendCounts[r]);
     recv_end = std::max(recv_end, recvOffsets[r] + recvCounts[r]);
   }
@@ -891,8 +928,16 @@ acmeError_t acmeAllToAll(const void* send, const size_t* sendCounts, const size_
   int device;
   if (acmeError_t e = stream_device(stream, &device)) return e;
   char* in;
-  if (acmeError_t e = view(send, send_end * es, device, "send", caller, &in)) return e;
-  if (acmeError_t e = view(recv, recv_end * es, device, "recv", caller, &c->recv)) return e;
+  size_t send_bytes = 0, recv_bytes = 0;
+  if (acmeError_t e = byte_count(send_end, es, 1, caller, &send_bytes)) return e;
+  if (acmeError_t e = byte_count(recv_end, es, 1, caller, &recv_bytes)) return e;
+  if (acmeError_t e = view(send, send_bytes, device, "send", caller, &in)) return e;
+  if (acmeError_t e = view(recv, recv_bytes, device, "recv", caller, &c->recv)) return e;
+  // Rounds read the send buffer after writing the receive buffer: they must
+  // not overlap.
+  if (send_bytes && recv_bytes && in < c->recv + recv_bytes && c->recv < in + send_bytes)
+    return fail(acmeErrorInvalidValue, "%s: send and recv overlap (all_to_all is not in place)",
+                caller);
   c->send = in;
   return queue(c.release(), comm, caller, stream);
 }
@@ -910,7 +955,8 @@ static acmeError_t point_to_point(int kind, const void* send, void* recv, size_t
   c->peer = peer;
   int device;
   if (acmeError_t e = stream_device(stream, &device)) return e;
-  const size_t bytes = count * type_size(type);
+  size_t bytes = 0;
+  if (acmeError_t e = byte_count(count, type_size(type), 1, caller, &bytes)) return e;
   char* v;
   if (acmeError_t e = view(kind == kSend ? send : recv, bytes, device, "buffer", caller, &v))
     return e;

@@ -451,13 +451,14 @@ ACME_API acmeError_t acmeCommGetUniqueId(acmeCommId* id);
  * others. */
 ACME_API acmeError_t acmeCommInitRank(acmeComm_t* comm, int nranks, acmeCommId id, int rank,
                                       unsigned timeoutMs);
-/* Waits for the communicator's queued work, then releases it. */
+/* Releases the handle. Collectives already queued still run (they keep the
+ * segment mapped until then); the handle must not be used again. */
 ACME_API acmeError_t acmeCommDestroy(acmeComm_t comm);
 /* acmeSuccess while usable; else acmeErrorCommFailure, with the message. */
 ACME_API acmeError_t acmeCommGetError(acmeComm_t comm);
 
-/* Buffers are device pointers; counts are elements. In-place (send == recv)
- * is allowed where the sizes match. */
+/* Buffers are device pointers; counts are elements. All-reduce, broadcast
+ * and reduce-scatter's own block may be in place (send == recv). */
 ACME_API acmeError_t acmeAllReduce(const void* send, void* recv, size_t count, acmeDataType type,
                                    acmeReduceOp op, acmeComm_t comm, acmeStream_t stream);
 ACME_API acmeError_t acmeBroadcast(void* buffer, size_t count, acmeDataType type, int root,
@@ -472,7 +473,7 @@ ACME_API acmeError_t acmeReduceScatter(const void* send, void* recv, size_t recv
 /* Each rank sends sendCounts[r] elements from send + sendOffsets[r] to rank r,
  * and receives recvCounts[r] elements from rank r at recv + recvOffsets[r]
  * (arrays of nranks). Rank a's sendCounts[b] must equal rank b's
- * recvCounts[a]. */
+ * recvCounts[a]. send and recv must not overlap. */
 ACME_API acmeError_t acmeAllToAll(const void* send, const size_t* sendCounts,
                                   const size_t* sendOffsets, void* recv,
                                   const size_t* recvCounts, const size_t* recvOffsets,
