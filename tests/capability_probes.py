@@ -335,13 +335,26 @@ def ch21_distributed():
         dist.destroy_process_group()
 
 
+def ch22_quantization():
+    import torch
+    import torch_acme  # noqa: F401
+
+    # Quantized tensors live on acme: quantized there, moved there, read back.
+    # (Before: chapter 13's fallback refuses the QuantizedPrivateUse1 key.)
+    x = torch.linspace(-1, 1, 11)
+    q = torch.quantize_per_tensor(x.to(device()), 0.1, 3, torch.qint8)
+    moved = torch.quantize_per_tensor(x, 0.1, 3, torch.qint8).to(device())
+    return (q.device.type == device() and torch.equal(q.int_repr().cpu(), moved.int_repr().cpu())
+            and torch.equal(q.dequantize().cpu(), moved.cpu().dequantize()))
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
           11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops,
           14: ch14_conformance, 15: ch15_custom_ops, 16: ch16_storage, 17: ch17_packaging,
           18: ch18_async, 19: ch19_profiler, 20: ch20_compile,
-          21: ch21_distributed}
+          21: ch21_distributed, 22: ch22_quantization}
 
 
 def main():

@@ -32,8 +32,10 @@ void refuse_layout(const c10::OperatorHandle& op, torch::jit::Stack*) {
 constexpr Layout kSparse{"sparse", ".to_dense()"};
 constexpr Layout kSparseCsr{"sparse compressed (CSR/CSC/BSR/BSC)", ".to_dense()"};
 constexpr Layout kNested{"nested", ".unbind() or .to_padded_tensor()"};
-constexpr Layout kQuantized{"quantized", ".dequantize()"};
 //< ch13 refuse-layout
+//> ch13 quantized-layout < ch22 -
+// constexpr Layout kQuantized{"quantized", ".dequantize()"};
+//< ch13 quantized-layout
 
 }  // namespace
 }  // namespace acme
@@ -48,7 +50,9 @@ TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&acme::refuse_layout<acme::kNested>>());
 }
-TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&acme::refuse_layout<acme::kQuantized>>());
-}
 //< ch13 register-layouts
+//> ch13 refuse-quantized < ch22 register
+// TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+//   m.fallback(torch::CppFunction::makeFromBoxedFunction<&acme::refuse_layout<acme::kQuantized>>());
+// }
+//< ch13 refuse-quantized

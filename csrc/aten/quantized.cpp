@@ -1,0 +1,386 @@
+//@ ch22
+// Quantized tensors on acme (chapter 22). A quantized tensor is integer data
+// plus a Quantizer (scale and zero point, per tensor or per channel), under
+// the QuantizedPrivateUse1 dispatch key. PyTorch's own Quantizer classes and
+// its generic quantized natives serve every device; what is device-specific
+// is where the bytes live and the kernels behind four DispatchStubs
+// (quantize and dequantize, per tensor and per channel), which acme fills
+// with the CPU's own kernels running on device memory through the device-side
+// views, as its other native kernels do.
+#include <ATen/ATen.h>
+#include <ATen/NativeFunctions.h>
+#include <ATen/native/quantized/AffineQuantizer.h>
+#include <ATen/quantized/QTensorImpl.h>
+#include <ATen/quantized/Quantizer.h>
+#include <c10/util/accumulate.h>
+#include <torch/library.h>
+
+#include "aten/acme_check.h"
+#include "aten/device_views.h"
+#include "aten/launch.h"
+
+namespace acme {
+namespace {
+
+constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
+
+//> ch22 new-qtensor
+// PyTorch's new_qtensor picks an allocator for the CPU, CUDA and Meta only;
+// this is the same for acme: the device allocator (chapter 12), and the
+// QuantizedPrivateUse1 key.
+at::Tensor new_qtensor(at::IntArrayRef sizes, const at::TensorOptions& options,
+                       at::QuantizerPtr quantizer) {
+  const at::ScalarType type = c10::typeMetaToScalarType(options.dtype());
+  TORCH_CHECK_VALUE(type == at::kQUInt8 || type == at::kQInt8 || type == at::kQInt32, kAcme,
+                    ": quantized tensors of ", type,
+                    " are not supported (quint8, qint8 and qint32 are)");
+  for (int64_t size : sizes)
+    TORCH_CHECK_VALUE(size >= 0, kAcme, ": negative size in ", sizes);
+  c10::DeviceGuard guard(options.device());
+  c10::Allocator* allocator = c10::GetAllocator(kAcme);
+  const int64_t bytes = c10::multiply_integers(sizes) * options.dtype().itemsize();
+  auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), bytes,
+                                                       allocator->allocate(bytes), allocator,
+                                                       /*resizable=*/true);
+  at::Tensor tensor = at::detail::make_tensor<at::QTensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::QuantizedPrivateUse1),
+      options.dtype(), std::move(quantizer));
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  tensor.unsafeGetTensorImpl()->empty_tensor_restride(
+      options.memory_format_opt().value_or(at::MemoryFormat::Contiguous));
+  return tensor;
+}
+
+at::Tensor empty_affine_quantized(at::IntArrayRef sizes, std::optional<at::ScalarType> dtype,
+                                  std::optional<at::Layout> layout,
+                                  std::optional<at::Device> device, std::optional<bool> pin,
+                                  double scale, int64_t zero_point,
+                                  std::optional<at::MemoryFormat> memory_format) {
+  const auto options = at::TensorOptions()
+                           .dtype(dtype.value_or(at::kQUInt8))
+                           .layout(layout)
+                           .device(device)
+                           .pinned_memory(pin)
+                           .memory_format(memory_format);
+  return acme::new_qtensor(sizes, options,
+                     at::make_per_tensor_affine_quantizer(scale, zero_point,
+                                                          dtype.value_or(at::kQUInt8)));
+}
+
+at::Tensor empty_per_channel_affine_quantized(
+    at::IntArrayRef sizes, const at::Tensor& scales, const at::Tensor& zero_points, int64_t axis,
+    std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+    std::optional<at::Device> device, std::optional<bool> pin,
+    std::optional<at::MemoryFormat> memory_format) {
+  const auto options = at::TensorOptions()
+                           .dtype(dtype.value_or(at::kQInt8))
+                           .layout(layout)
+                           .device(device)
+                           .pinned_memory(pin)
+                           .memory_format(memory_format);
+  return acme::new_qtensor(sizes, options,
+                     at::make_per_channel_affine_quantizer(scales, zero_points, axis,
+                                                           dtype.value_or(at::kQInt8)));
+}
+//< ch22 new-qtensor
+
+//> ch22 quantize
+// torch.quantize_per_tensor on an acme float tensor: an acme qtensor, filled
+// by PyTorch's quantize_tensor_per_tensor_affine, which checks its arguments
+// and calls quantize_tensor_per_tensor_affine_stub for the tensor's device.
+at::Tensor quantize_per_tensor(const at::Tensor& self, double scale, int64_t zero_point,
+                               at::ScalarType dtype) {
+  TORCH_CHECK_TYPE(self.scalar_type() == at::kFloat, kAcme,
+                   ": quantize_per_tensor takes float32 tensors, got ", self.scalar_type());
+  at::Tensor q = empty_affine_quantized(self.sizes(), dtype, at::kStrided, self.device(), false,
+                                        scale, zero_point, self.suggest_memory_format());
+  return at::native::quantize_tensor_per_tensor_affine(
+      self.contiguous(self.suggest_memory_format()), q, scale, zero_point);
+}
+//< ch22 quantize
+
+at::Tensor quantize_per_tensor_tensor_qparams(const at::Tensor& self, const at::Tensor& scale,
+                                              const at::Tensor& zero_point,
+                                              at::ScalarType dtype) {
+  return acme::quantize_per_tensor(self, scale.item().toDouble(), zero_point.item().toLong(), dtype);
+}
+
+at::Tensor quantize_per_channel(const at::Tensor& self, const at::Tensor& scales,
+                                const at::Tensor& zero_points, int64_t axis,
+                                at::ScalarType dtype) {
+  TORCH_CHECK_TYPE(self.scalar_type() == at::kFloat, kAcme,
+                   ": quantize_per_channel takes float32 tensors, got ", self.scalar_type());
+  TORCH_CHECK_VALUE(axis >= 0 && axis < self.dim(), kAcme, ": quantize_per_channel: axis ",
+                    axis, " is not a dimension of a ", self.dim(), "-d tensor");
+  const auto options = self.options().dtype(dtype).memory_format(self.suggest_memory_format());
+  auto quantizer = at::make_per_channel_affine_quantizer(scales, zero_points, axis, dtype);
+  at::Tensor q = acme::new_qtensor(self.sizes(), options, quantizer);
+  const at::Tensor contiguous = self.contiguous(self.suggest_memory_format());
+  // The quantizer keeps its parameters as double/int64 (or float/float).
+  auto* channels = static_cast<at::PerChannelAffineQuantizer*>(quantizer.get());
+  if (quantizer->qscheme() == at::kPerChannelAffineFloatQParams)
+    return at::native::quantize_tensor_per_channel_float_qparams(
+        contiguous, q, channels->scales(), channels->zero_points(), axis);
+  return at::native::quantize_tensor_per_channel_affine(contiguous, q, channels->scales(),
+                                                        channels->zero_points(), axis);
+}
+
+// ---- device memory as the CPU kernels see it ----
+
+//> ch22 views
+// A CPU tensor over the device-side view of q's bytes: a qtensor with q's
+// quantizer (for the CPU's quantize and dequantize kernels), or its integers
+// (quint8 as uint8, and so on). Per-channel parameters on acme are viewed too.
+at::Tensor host_side(const at::Tensor& t, bool for_launch, bool as_integers = false) {
+  const bool on_acme = t.device().type() == kAcme;
+  if (!on_acme && !(as_integers && t.is_quantized())) return t;
+  c10::Storage storage = t.storage();  // a host qtensor's integers: its own storage
+  if (on_acme) {
+    const size_t bytes = t.storage().nbytes();
+    if (!for_launch && bytes > 0) wait_for_stream(t.device().index());
+    void* view = bytes == 0 ? nullptr : device_address(t.storage().data());
+    storage = c10::Storage(c10::Storage::use_byte_size_t(), bytes,
+                           c10::DataPtr(view, c10::Device(c10::kCPU)), nullptr, false);
+  }
+  at::Tensor cpu;
+  if (t.is_quantized() && !as_integers) {
+    cpu = at::detail::make_tensor<at::QTensorImpl>(
+        std::move(storage), c10::DispatchKeySet(c10::DispatchKey::QuantizedCPU), t.dtype(),
+        at::get_qtensorimpl(t)->quantizer());
+  } else {
+    const auto type = t.is_quantized() ? c10::toUnderlying(t.scalar_type()) : t.scalar_type();
+    cpu = at::detail::make_tensor<c10::TensorImpl>(
+        std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+        c10::scalarTypeToTypeMeta(type));
+  }
+  cpu.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return cpu;
+}
+//< ch22 views
+
+//> ch22 stubs
+// The DispatchStub kernels: PyTorch's CPU kernels, queued on the stream,
+// reading and writing device memory through the views. (The stubs
+// themselves are not exported; the checked entry points that call them for
+// a tensor's device are, and for the views that device is the CPU.)
+void quantize_per_tensor_kernel(const at::Tensor& rtensor, at::Tensor& qtensor, double scale,
+                                int64_t zero_point) {
+  launch_kernel(qtensor.device().index(), "quantize_per_tensor",
+                [r = host_side(rtensor, true), q = host_side(qtensor, true), scale, zero_point] {
+                  at::Tensor out = q;
+                  at::native::quantize_tensor_per_tensor_affine(r, out, scale, zero_point);
+                });
+}
+
+void dequantize_per_tensor_kernel(const at::Tensor& qtensor, at::Tensor& rtensor, double scale,
+                                  int64_t zero_point) {
+  launch_kernel(qtensor.device().index(), "dequantize_per_tensor",
+                [q = host_side(qtensor, true), r = host_side(rtensor, true), scale, zero_point] {
+                  at::Tensor out = r;
+                  at::native::dequantize_tensor_per_tensor_affine(q, out, scale, zero_point);
+                });
+}
+//< ch22 stubs
+
+using PerChannel = at::Tensor& (*)(const at::Tensor&, at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, int64_t);
+
+void per_channel(PerChannel cpu_kernel, const char* name, const at::Tensor& in, at::Tensor& out,
+                 const at::Tensor& scales, const at::Tensor& zero_points, int64_t axis) {
+  const at::Tensor& device_side = in.device().type() == kAcme ? in : out;
+  launch_kernel(device_side.device().index(), name,
+                [cpu_kernel, i = host_side(in, true), o = host_side(out, true),
+                 s = host_side(scales, true), z = host_side(zero_points, true), axis] {
+                  at::Tensor result = o;
+                  cpu_kernel(i, result, s, z, axis);
+                });
+}
+
+// PyTorch declares two of these with a by-value zero_points.
+at::Tensor& quantize_channels(const at::Tensor& r, at::Tensor& q, const at::Tensor& s,
+                              const at::Tensor& z, int64_t axis) {
+  return at::native::quantize_tensor_per_channel_affine(r, q, s, z, axis);
+}
+at::Tensor& dequantize_channels(const at::Tensor& q, at::Tensor& r, const at::Tensor& s,
+                                const at::Tensor& z, int64_t axis) {
+  return at::native::dequantize_tensor_per_channel_affine(q, r, s, z, axis);
+}
+
+void quantize_per_channel_kernel(const at::Tensor& r, at::Tensor& q, const at::Tensor& s,
+                                 const at::Tensor& z, int64_t axis) {
+  per_channel(&quantize_channels, "quantize_per_channel", r, q, s, z, axis);
+}
+
+void dequantize_per_channel_kernel(const at::Tensor& q, at::Tensor& r, const at::Tensor& s,
+                                   const at::Tensor& z, int64_t axis) {
+  per_channel(&dequantize_channels, "dequantize_per_channel", q, r, s, z, axis);
+}
+
+void quantize_float_qparams_kernel(const at::Tensor& r, at::Tensor& q, const at::Tensor& s,
+                                   const at::Tensor& z, int64_t axis) {
+  per_channel(&at::native::quantize_tensor_per_channel_float_qparams,
+              "quantize_per_channel_float_qparams", r, q, s, z, axis);
+}
+
+void dequantize_float_qparams_kernel(const at::Tensor& q, at::Tensor& r, const at::Tensor& s,
+                                     const at::Tensor& z, int64_t axis) {
+  per_channel(&at::native::dequantize_tensor_per_channel_float_qparams,
+              "dequantize_per_channel_float_qparams", q, r, s, z, axis);
+}
+
+// ---- ops whose QuantizedCPU kernels touch memory the host's way ----
+
+//> ch22 int-repr
+at::Tensor int_repr(const at::Tensor& self) {
+  at::Tensor out = at::empty(self.sizes(), self.options()
+                                               .dtype(c10::toUnderlying(self.scalar_type()))
+                                               .memory_format(self.suggest_memory_format()));
+  if (out.numel() == 0) return out;
+  launch_kernel(self.device().index(), "int_repr",
+                [in = host_side(self, true, /*as_integers=*/true), o = host_side(out, true)] {
+                  at::Tensor result = o;
+                  result.copy_(in);
+                });
+  return out;
+}
+//< ch22 int-repr
+
+// copy_ has set dst's quantizer to src's already; what is left is the
+// integers, between acme and the host or within acme.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  TORCH_CHECK(self.is_quantized() && dst.is_quantized() &&
+                  self.scalar_type() == dst.scalar_type(),
+              kAcme, ": quantized copies need the same quantized dtype, got ",
+              self.scalar_type(), " and ", dst.scalar_type());
+  TORCH_CHECK(self.sizes() == dst.sizes(), kAcme, ": quantized copy from ", self.sizes(),
+              " into ", dst.sizes());
+  if (dst.numel() == 0) return dst;
+  if (self.device().type() == kAcme && dst.device().type() == kAcme) {
+    launch_kernel(dst.device().index(), "quantized copy",
+                  [in = host_side(self, true, true), out = host_side(dst, true, true)] {
+                    at::Tensor o = out;
+                    o.copy_(in);
+                  });
+  } else {  // one side in host memory: here, once the stream has reached this point
+    at::Tensor out = host_side(dst, false, true);
+    out.copy_(host_side(self, false, true));
+  }
+  return dst;
+}
+
+bool equal(const at::Tensor& self, const at::Tensor& other) {
+  if (!other.is_quantized() || self.qscheme() != other.qscheme() ||
+      self.scalar_type() != other.scalar_type() || self.sizes() != other.sizes())
+    return false;
+  if (self.qscheme() == at::kPerTensorAffine) {
+    if (self.q_scale() != other.q_scale() || self.q_zero_point() != other.q_zero_point())
+      return false;
+  } else {
+    if (self.q_per_channel_axis() != other.q_per_channel_axis() ||
+        !at::equal(self.q_per_channel_scales().cpu(), other.q_per_channel_scales().cpu()) ||
+        !at::equal(self.q_per_channel_zero_points().cpu(),
+                   other.q_per_channel_zero_points().cpu()))
+      return false;
+  }
+  return at::equal(acme::int_repr(self), acme::int_repr(other.to(self.device())));
+}
+
+//> ch22 unsupported
+// Every other op on a quantized acme tensor: an error that names it, instead
+// of the dispatcher's table of the keys it has kernels for.
+void unsupported(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, kAcme, ": ", op.schema().operator_name(),
+                              " has no kernel for quantized ", kAcme,
+                              " tensors. Dequantize first (t.dequantize()), or move the "
+                              "tensor to the CPU for PyTorch's quantized CPU kernels");
+}
+
+// The fallback only sees ops without a kernel for the key. Structured ops
+// (add, mul, sum, mm, ...) have a generic one for every backend, which makes
+// its result with at::empty: the fallback would then name aten::empty, not
+// the op the user called. So those get the error as their own kernel.
+void refuse_structured_ops(torch::Library& library) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    const auto op = dispatcher.findOp(name);
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::QuantizedPrivateUse1) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
+      continue;
+    const std::string op_name = name.overload_name.empty()
+                                    ? name.name.substr(6)
+                                    : name.name.substr(6) + "." + name.overload_name;
+    library.impl(op_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&unsupported>());
+  }
+}
+//< ch22 unsupported
+
+}  // namespace
+}  // namespace acme
+
+//> ch22 register
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(quantize_tensor_per_tensor_affine_stub,
+                              &acme::quantize_per_tensor_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(dequantize_tensor_per_tensor_affine_stub,
+                              &acme::dequantize_per_tensor_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(quantize_tensor_per_channel_affine_stub,
+                              &acme::quantize_per_channel_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(dequantize_tensor_per_channel_affine_stub,
+                              &acme::dequantize_per_channel_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(quantize_tensor_per_channel_float_qparams_stub,
+                              &acme::quantize_float_qparams_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(dequantize_tensor_per_channel_float_qparams_stub,
+                              &acme::dequantize_float_qparams_kernel)
+}  // namespace at::native
+
+// Float tensors in, quantized tensors out: keyed by the float input.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("quantize_per_tensor", TORCH_FN(acme::quantize_per_tensor));
+  m.impl("quantize_per_tensor.tensor_qparams", TORCH_FN(acme::quantize_per_tensor_tensor_qparams));
+  m.impl("quantize_per_channel", TORCH_FN(acme::quantize_per_channel));
+  m.impl("_empty_affine_quantized", TORCH_FN(acme::empty_affine_quantized));
+  m.impl("_empty_per_channel_affine_quantized",
+         TORCH_FN(acme::empty_per_channel_affine_quantized));
+}
+
+// Quantized acme tensors in. Most kernels are PyTorch's generic ones, the
+// QuantizedCPU kernels' own, which only read the quantizer or build views.
+TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
+  m.impl("_empty_affine_quantized", TORCH_FN(acme::empty_affine_quantized));
+  m.impl("_empty_per_channel_affine_quantized",
+         TORCH_FN(acme::empty_per_channel_affine_quantized));
+  m.impl("empty_quantized", TORCH_FN(at::native::empty_quantized));
+  m.impl("empty_like", TORCH_FN(at::native::empty_like_quantized));
+  m.impl("clone", TORCH_FN(at::native::quantized_clone));
+  m.impl("dequantize.self", TORCH_FN(at::native::dequantize_quantized));
+  m.impl("q_scale", TORCH_FN(at::native::q_scale_quant));
+  m.impl("q_zero_point", TORCH_FN(at::native::q_zero_point_quant));
+  m.impl("q_per_channel_scales", TORCH_FN(at::native::q_per_channel_scales));
+  m.impl("q_per_channel_zero_points", TORCH_FN(at::native::q_per_channel_zero_points));
+  m.impl("q_per_channel_axis", TORCH_FN(at::native::q_per_channel_axis));
+  m.impl("qscheme", TORCH_FN(at::native::qscheme_quant));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_qtensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("squeeze", TORCH_FN(static_cast<at::Tensor (*)(const at::Tensor&)>(
+                        at::native::squeeze_quantized)));
+  m.impl("squeeze.dim", TORCH_FN(static_cast<at::Tensor (*)(const at::Tensor&, int64_t)>(
+                            at::native::squeeze_quantized)));
+  m.impl("squeeze.dims",
+         TORCH_FN(static_cast<at::Tensor (*)(const at::Tensor&, at::IntArrayRef)>(
+             at::native::squeeze_quantized)));
+  m.impl("unsqueeze", TORCH_FN(at::native::unsqueeze_quantized));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(at::native::set_storage_quantized_));
+  m.impl("int_repr", TORCH_FN(acme::int_repr));
+  m.impl("_copy_from", TORCH_FN(acme::copy_from));
+  m.impl("equal", TORCH_FN(acme::equal));
+}
+
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&acme::unsupported>());
+}
+
+// After the kernels above (registration follows the order of this file).
+TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) { acme::refuse_structured_ops(m); }
+//< ch22 register
