@@ -67,8 +67,8 @@ def inputs():
                                                (torch.qint32, -7)])
 def test_quantize_per_tensor_matches_the_cpu(dtype, zero_point):
     for x in inputs():
-        on_acme = torch.quantize_per_tensor(x.to(DEVICE), 0.1, zero_point, dtype)
-        same_quantized(on_acme, torch.quantize_per_tensor(x, 0.1, zero_point, dtype))
+        same_quantized(torch.quantize_per_tensor(x.to(DEVICE), 0.1, zero_point, dtype),
+                       torch.quantize_per_tensor(x, 0.1, zero_point, dtype))
         # tensor-valued parameters too
         scale, zp = torch.tensor(0.1), torch.tensor(zero_point)
         same_quantized(torch.quantize_per_tensor(x.to(DEVICE), scale, zp, dtype),
@@ -206,7 +206,8 @@ def test_unsupported_ops_name_the_op():
     assert str(error.value).startswith(f"{DEVICE}: aten::add.Tensor has no kernel for quantized "
                                        f"{DEVICE} tensors. Dequantize first")
     for op, call in [("aten::relu", torch.relu), ("aten::mul.Tensor", lambda t: t * 2),
-                     ("aten::sum.dim_IntList", lambda t: t.sum()), ("aten::fill_.Scalar", lambda t: t.fill_(1))]:
+                     ("aten::sum.dim_IntList", lambda t: t.sum()),
+                     ("aten::fill_.Scalar", lambda t: t.fill_(1))]:
         with pytest.raises(NotImplementedError) as error:
             call(q)
         assert str(error.value).startswith(f"{DEVICE}: {op} has no kernel for quantized"), op
@@ -215,3 +216,82 @@ def test_unsupported_ops_name_the_op():
 def test_sub_byte_types_are_refused():
     with pytest.raises(ValueError, match="quantized tensors of QUInt4x2 are not supported"):
         torch.quantize_per_tensor(torch.randn(4).to(DEVICE), 0.1, 0, torch.quint4x2)
+
+
+def test_copy_into_an_existing_quantized_tensor_follows_the_cpu():
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    src = torch.quantize_per_tensor(x, 0.02, 5, torch.quint8)
+    for dst_device, src_device in ((DEVICE, "cpu"), ("cpu", DEVICE), (DEVICE, DEVICE)):
+        dst = torch.quantize_per_tensor(y, 0.5, 1, torch.quint8).to(dst_device)
+        dst.copy_(src.to(src_device))  # takes the source's scale and zero point
+        assert (dst.q_scale(), dst.q_zero_point()) == (0.02, 5)
+        assert torch.equal(dst.cpu(), src)
+    # Floats into a quantized tensor: quantized with its parameters, as on the CPU.
+    on_cpu = torch.quantize_per_tensor(y, 0.05, 2, torch.qint8)
+    on_acme = on_cpu.to(DEVICE)
+    on_cpu.copy_(x)
+    on_acme.copy_(x.to(DEVICE))
+    same_quantized(on_acme, on_cpu)
+    with pytest.raises(RuntimeError, match="Copying from quantized Tensor to non-quantized"):
+        torch.empty(3, 4, device=DEVICE).copy_(src.to(DEVICE))
+    with pytest.raises(RuntimeError, match="Quantized Copy only works with same qscheme"):
+        torch.quantize_per_channel(y, torch.ones(3), torch.zeros(3, dtype=torch.long), 0,
+                                   torch.quint8).to(DEVICE).copy_(src.to(DEVICE))
+
+
+def test_copy_between_devices_waits_for_the_source():
+    x = torch.randn(1000)
+    d = x.to(f"{DEVICE}:0")
+    torch.acme._sleep(50_000)  # acme:0's stream is busy; the quantize is queued behind it
+    q = torch.quantize_per_tensor(d * 2, 0.1, 0, torch.qint8)
+    moved = q.to(f"{DEVICE}:1")
+    assert moved.device.index == 1
+    same_quantized(moved, torch.quantize_per_tensor(x * 2, 0.1, 0, torch.qint8))
+
+
+def test_per_channel_parameters_on_the_device():
+    x = torch.randn(4, 3)
+    scales, zero_points = torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0, 1, 2, 3])
+    on_acme = torch.quantize_per_channel(x.to(DEVICE), scales.to(DEVICE),
+                                         zero_points.to(DEVICE), 0, torch.qint8)
+    back = on_acme.cpu()
+    assert back.device.type == "cpu" and back.q_per_channel_scales().device.type == "cpu"
+    assert torch.equal(back, torch.quantize_per_channel(x, scales, zero_points, 0, torch.qint8))
+
+
+def test_host_parameters_are_read_when_called():
+    x, scales = torch.randn(4, 3), torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    zero_points = torch.zeros(4, dtype=torch.long)
+    torch.acme._sleep(50_000)
+    on_acme = torch.quantize_per_channel(x.to(DEVICE), scales, zero_points, 0, torch.qint8)
+    scales.mul_(100)  # after the call, before the kernel ran
+    expected = torch.quantize_per_channel(x, scales / 100, zero_points, 0, torch.qint8)
+    assert torch.equal(on_acme.int_repr().cpu(), expected.int_repr())
+
+
+def test_bad_zero_points_fail_at_the_call():
+    with pytest.raises(ValueError, match=r"zero points must lie in \[-128, 127\]"):
+        torch.quantize_per_channel(torch.randn(2, 2, device=DEVICE), torch.ones(2),
+                                   torch.tensor([0, 300]), 0, torch.qint8)
+
+
+def test_non_dense_tensors_move():
+    q = torch.quantize_per_tensor(torch.randn(4, 6), 0.1, 0, torch.quint8)[:, ::2]
+    moved = q.to(DEVICE)
+    assert torch.equal(moved.cpu(), q.contiguous())
+
+
+def test_overlapping_copies_and_mixed_devices_are_refused():
+    q = torch.quantize_per_tensor(torch.randn(8), 0.1, 0, torch.quint8).to(DEVICE)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        q[1:].copy_(q[:-1])
+    with pytest.raises(RuntimeError, match="Cannot compare two tensors on different devices"):
+        torch.equal(q, q.cpu())
+
+
+def test_view_copies_work():
+    q = torch.quantize_per_tensor(torch.randn(2, 3), 0.1, 0, torch.quint8)
+    on_acme = q.to(DEVICE)
+    for op in (lambda t: torch.ops.aten.unsqueeze_copy(t, 0),
+               lambda t: torch.ops.aten.alias_copy(t)):
+        assert torch.equal(op(on_acme).cpu(), op(q))

@@ -2,17 +2,20 @@
 // Quantized tensors on acme (chapter 22). A quantized tensor is integer data
 // plus a Quantizer (scale and zero point, per tensor or per channel), under
 // the QuantizedPrivateUse1 dispatch key. PyTorch's own Quantizer classes and
-// its generic quantized natives serve every device; what is device-specific
-// is where the bytes live and the kernels behind four DispatchStubs
-// (quantize and dequantize, per tensor and per channel), which acme fills
-// with the CPU's own kernels running on device memory through the device-side
-// views, as its other native kernels do.
+// its generic quantized natives serve every accelerator; what is
+// device-specific is the kernels behind the quantize and dequantize
+// DispatchStubs, which acme fills with the CPU's own kernels running on
+// device memory through the device-side views, as its other native kernels
+// do, and the few ops that touch memory (int_repr, equal, copies).
 #include <ATen/ATen.h>
 #include <ATen/NativeFunctions.h>
 #include <ATen/native/quantized/AffineQuantizer.h>
 #include <ATen/quantized/QTensorImpl.h>
 #include <ATen/quantized/Quantizer.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/accumulate.h>
+
+#include <limits>
 #include <torch/library.h>
 
 #include "aten/acme_check.h"
@@ -24,106 +27,85 @@ namespace {
 
 constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
 
-//> ch22 new-qtensor
-// PyTorch's new_qtensor picks an allocator for the CPU, CUDA and Meta only;
-// this is the same for acme: the device allocator (chapter 12), and the
-// QuantizedPrivateUse1 key.
-at::Tensor new_qtensor(at::IntArrayRef sizes, const at::TensorOptions& options,
-                       at::QuantizerPtr quantizer) {
-  const at::ScalarType type = c10::typeMetaToScalarType(options.dtype());
-  TORCH_CHECK_VALUE(type == at::kQUInt8 || type == at::kQInt8 || type == at::kQInt32, kAcme,
+// Sub-byte types pack two or four values in a byte: acme has no kernels for
+// them, and its integer views would read them as one value a byte.
+void check_whole_bytes(const at::Tensor& t, const char* op) {
+  const at::ScalarType type = t.scalar_type();
+  TORCH_CHECK_VALUE(type != at::kQUInt4x2 && type != at::kQUInt2x4, kAcme, ": ", op,
                     ": quantized tensors of ", type,
                     " are not supported (quint8, qint8 and qint32 are)");
-  for (int64_t size : sizes)
-    TORCH_CHECK_VALUE(size >= 0, kAcme, ": negative size in ", sizes);
-  c10::DeviceGuard guard(options.device());
-  c10::Allocator* allocator = c10::GetAllocator(kAcme);
-  const int64_t bytes = c10::multiply_integers(sizes) * options.dtype().itemsize();
-  auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), bytes,
-                                                       allocator->allocate(bytes), allocator,
-                                                       /*resizable=*/true);
-  at::Tensor tensor = at::detail::make_tensor<at::QTensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::QuantizedPrivateUse1),
-      options.dtype(), std::move(quantizer));
-  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
-  tensor.unsafeGetTensorImpl()->empty_tensor_restride(
-      options.memory_format_opt().value_or(at::MemoryFormat::Contiguous));
-  return tensor;
 }
 
-at::Tensor empty_affine_quantized(at::IntArrayRef sizes, std::optional<at::ScalarType> dtype,
+//> ch22 device-guards
+// PyTorch's quantized factories allocate on the current device: the
+// registrations of its own backends wrap them in a device guard (the
+// dispatcher's generated code does), and so does acme.
+at::Tensor empty_affine_quantized(at::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                   std::optional<at::Layout> layout,
                                   std::optional<at::Device> device, std::optional<bool> pin,
                                   double scale, int64_t zero_point,
-                                  std::optional<at::MemoryFormat> memory_format) {
-  const auto options = at::TensorOptions()
-                           .dtype(dtype.value_or(at::kQUInt8))
-                           .layout(layout)
-                           .device(device)
-                           .pinned_memory(pin)
-                           .memory_format(memory_format);
-  return acme::new_qtensor(sizes, options,
-                     at::make_per_tensor_affine_quantizer(scale, zero_point,
-                                                          dtype.value_or(at::kQUInt8)));
+                                  std::optional<at::MemoryFormat> format) {
+  c10::OptionalDeviceGuard guard(device);
+  return at::native::empty_affine_quantized(size, dtype, layout, device, pin, scale, zero_point,
+                                            format);
 }
 
 at::Tensor empty_per_channel_affine_quantized(
-    at::IntArrayRef sizes, const at::Tensor& scales, const at::Tensor& zero_points, int64_t axis,
+    at::IntArrayRef size, const at::Tensor& scales, const at::Tensor& zero_points, int64_t axis,
     std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
     std::optional<at::Device> device, std::optional<bool> pin,
-    std::optional<at::MemoryFormat> memory_format) {
-  const auto options = at::TensorOptions()
-                           .dtype(dtype.value_or(at::kQInt8))
-                           .layout(layout)
-                           .device(device)
-                           .pinned_memory(pin)
-                           .memory_format(memory_format);
-  return acme::new_qtensor(sizes, options,
-                     at::make_per_channel_affine_quantizer(scales, zero_points, axis,
-                                                           dtype.value_or(at::kQInt8)));
+    std::optional<at::MemoryFormat> format) {
+  c10::OptionalDeviceGuard guard(device);
+  return at::native::empty_per_channel_affine_quantized(size, scales, zero_points, axis, dtype,
+                                                        layout, device, pin, format);
 }
-//< ch22 new-qtensor
 
-//> ch22 quantize
-// torch.quantize_per_tensor on an acme float tensor: an acme qtensor, filled
-// by PyTorch's quantize_tensor_per_tensor_affine, which checks its arguments
-// and calls quantize_tensor_per_tensor_affine_stub for the tensor's device.
+at::Tensor empty_unknown_quantized(at::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                                   std::optional<at::Layout> layout,
+                                   std::optional<at::Device> device, std::optional<bool> pin,
+                                   std::optional<at::MemoryFormat> format) {
+  c10::OptionalDeviceGuard guard(device);
+  return at::native::empty_unknown_quantized(size, dtype, layout, device, pin, format);
+}
+
 at::Tensor quantize_per_tensor(const at::Tensor& self, double scale, int64_t zero_point,
                                at::ScalarType dtype) {
-  TORCH_CHECK_TYPE(self.scalar_type() == at::kFloat, kAcme,
-                   ": quantize_per_tensor takes float32 tensors, got ", self.scalar_type());
-  at::Tensor q = empty_affine_quantized(self.sizes(), dtype, at::kStrided, self.device(), false,
-                                        scale, zero_point, self.suggest_memory_format());
-  return at::native::quantize_tensor_per_tensor_affine(
-      self.contiguous(self.suggest_memory_format()), q, scale, zero_point);
+  c10::DeviceGuard guard(self.device());
+  return at::native::quantize_per_tensor(self, scale, zero_point, dtype);
 }
-//< ch22 quantize
 
 at::Tensor quantize_per_tensor_tensor_qparams(const at::Tensor& self, const at::Tensor& scale,
                                               const at::Tensor& zero_point,
                                               at::ScalarType dtype) {
-  return acme::quantize_per_tensor(self, scale.item().toDouble(), zero_point.item().toLong(), dtype);
+  c10::DeviceGuard guard(self.device());
+  return at::native::quantize_per_tensor_tensor_qparams(self, scale, zero_point, dtype);
 }
+//< ch22 device-guards
 
+//> ch22 quantize
+// torch.quantize_per_channel is PyTorch's own kernel; its argument checks
+// skip the zero points' range for devices other than the CPU (their kernels
+// would check them later, on the stream). acme checks them here, where the
+// error belongs.
 at::Tensor quantize_per_channel(const at::Tensor& self, const at::Tensor& scales,
                                 const at::Tensor& zero_points, int64_t axis,
                                 at::ScalarType dtype) {
-  TORCH_CHECK_TYPE(self.scalar_type() == at::kFloat, kAcme,
-                   ": quantize_per_channel takes float32 tensors, got ", self.scalar_type());
-  TORCH_CHECK_VALUE(axis >= 0 && axis < self.dim(), kAcme, ": quantize_per_channel: axis ",
-                    axis, " is not a dimension of a ", self.dim(), "-d tensor");
-  const auto options = self.options().dtype(dtype).memory_format(self.suggest_memory_format());
-  auto quantizer = at::make_per_channel_affine_quantizer(scales, zero_points, axis, dtype);
-  at::Tensor q = acme::new_qtensor(self.sizes(), options, quantizer);
-  const at::Tensor contiguous = self.contiguous(self.suggest_memory_format());
-  // The quantizer keeps its parameters as double/int64 (or float/float).
-  auto* channels = static_cast<at::PerChannelAffineQuantizer*>(quantizer.get());
-  if (quantizer->qscheme() == at::kPerChannelAffineFloatQParams)
-    return at::native::quantize_tensor_per_channel_float_qparams(
-        contiguous, q, channels->scales(), channels->zero_points(), axis);
-  return at::native::quantize_tensor_per_channel_affine(contiguous, q, channels->scales(),
-                                                        channels->zero_points(), axis);
+  if (!at::isFloatingType(zero_points.scalar_type()) && zero_points.numel() > 0) {
+    const at::Tensor z = zero_points.cpu();
+    const int64_t low = z.min().item<int64_t>(), high = z.max().item<int64_t>();
+    int64_t qmin = 0, qmax = 0;
+    AT_DISPATCH_QINT_TYPES(dtype, "quantize_per_channel", [&] {
+      qmin = std::numeric_limits<underlying_t>::min();
+      qmax = std::numeric_limits<underlying_t>::max();
+    });
+    TORCH_CHECK_VALUE(low >= qmin && high <= qmax, kAcme, ": quantize_per_channel: zero points ",
+                      "must lie in [", qmin, ", ", qmax, "] for ", dtype, ", got ", low,
+                      " to ", high);
+  }
+  c10::DeviceGuard guard(self.device());
+  return at::native::quantize_per_channel(self, scales, zero_points, axis, dtype);
 }
+//< ch22 quantize
 
 // ---- device memory as the CPU kernels see it ----
 
@@ -188,9 +170,14 @@ using PerChannel = at::Tensor& (*)(const at::Tensor&, at::Tensor&, const at::Ten
 void per_channel(PerChannel cpu_kernel, const char* name, const at::Tensor& in, at::Tensor& out,
                  const at::Tensor& scales, const at::Tensor& zero_points, int64_t axis) {
   const at::Tensor& device_side = in.device().type() == kAcme ? in : out;
+  // Parameters in host memory are copied: the caller may change them before
+  // the kernel runs. (Views of device memory are ordered by the stream.)
+  auto parameter = [](const at::Tensor& p) {
+    return p.device().type() == kAcme ? host_side(p, true) : p.clone();
+  };
   launch_kernel(device_side.device().index(), name,
                 [cpu_kernel, i = host_side(in, true), o = host_side(out, true),
-                 s = host_side(scales, true), z = host_side(zero_points, true), axis] {
+                 s = parameter(scales), z = parameter(zero_points), axis] {
                   at::Tensor result = o;
                   cpu_kernel(i, result, s, z, axis);
                 });
@@ -228,10 +215,19 @@ void dequantize_float_qparams_kernel(const at::Tensor& q, at::Tensor& r, const a
               "dequantize_per_channel_float_qparams", q, r, s, z, axis);
 }
 
+void quantize_sub_byte_kernel(const at::Tensor&, at::Tensor& qtensor, float, float) {
+  check_whole_bytes(qtensor, "quantize");
+}
+
+void dequantize_sub_byte_kernel(const at::Tensor& qtensor, at::Tensor&, float, float) {
+  check_whole_bytes(qtensor, "dequantize");
+}
+
 // ---- ops whose QuantizedCPU kernels touch memory the host's way ----
 
 //> ch22 int-repr
 at::Tensor int_repr(const at::Tensor& self) {
+  check_whole_bytes(self, "int_repr");
   at::Tensor out = at::empty(self.sizes(), self.options()
                                                .dtype(c10::toUnderlying(self.scalar_type()))
                                                .memory_format(self.suggest_memory_format()));
@@ -245,30 +241,56 @@ at::Tensor int_repr(const at::Tensor& self) {
 }
 //< ch22 int-repr
 
-// copy_ has set dst's quantizer to src's already; what is left is the
-// integers, between acme and the host or within acme.
+//> ch22 copy
+// Tensor.copy_ hands devices it does not know to _copy_from before its own
+// quantized checks, so they are here: quantized to quantized takes the
+// source's quantizer, as on the CPU; a float source is quantized with the
+// destination's; quantized to float is refused, as on the CPU. Then the
+// integers move.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
-  TORCH_CHECK(self.is_quantized() && dst.is_quantized() &&
-                  self.scalar_type() == dst.scalar_type(),
-              kAcme, ": quantized copies need the same quantized dtype, got ",
-              self.scalar_type(), " and ", dst.scalar_type());
-  TORCH_CHECK(self.sizes() == dst.sizes(), kAcme, ": quantized copy from ", self.sizes(),
+  TORCH_CHECK(dst.is_quantized(), "Copying from quantized Tensor to non-quantized Tensor is not ",
+              "allowed, please use dequantize to get a float Tensor from a quantized Tensor");
+  check_whole_bytes(dst, "copy_");
+  at::Tensor src = self;
+  if (!src.is_quantized()) {  // q.copy_(floats): quantize them with q's own parameters
+    TORCH_CHECK(dst.qscheme() == at::kPerTensorAffine, kAcme,
+                ": copying floats into a quantized tensor needs a per-tensor quantizer, got ",
+                dst.qscheme());
+    src = at::quantize_per_tensor(src.to(dst.device(), at::kFloat).expand(dst.sizes()),
+                                  dst.q_scale(), dst.q_zero_point(), dst.scalar_type());
+  } else {
+    check_whole_bytes(src, "copy_");
+    TORCH_CHECK(src.qscheme() == dst.qscheme(), "Quantized Copy only works with same qscheme");
+    TORCH_CHECK(src.scalar_type() == dst.scalar_type(), kAcme,
+                ": quantized copy between ", src.scalar_type(), " and ", dst.scalar_type());
+    at::set_quantizer_(dst, src.quantizer());
+  }
+  TORCH_CHECK(src.sizes() == dst.sizes(), kAcme, ": quantized copy from ", src.sizes(),
               " into ", dst.sizes());
   if (dst.numel() == 0) return dst;
-  if (self.device().type() == kAcme && dst.device().type() == kAcme) {
-    launch_kernel(dst.device().index(), "quantized copy",
-                  [in = host_side(self, true, true), out = host_side(dst, true, true)] {
+  at::assert_no_internal_overlap(dst);
+  at::assert_no_partial_overlap(dst, src);
+  const bool src_on_acme = src.device().type() == kAcme, dst_on_acme = dst.device().type() == kAcme;
+  if (src_on_acme && dst_on_acme) {  // a kernel on dst's stream, ordered after src's
+    const c10::DeviceIndex from = src.device().index(), to = dst.device().index();
+    if (from != to) stream_wait(to, from);
+    launch_kernel(to, "quantized copy",
+                  [in = host_side(src, true, true), out = host_side(dst, true, true)] {
                     at::Tensor o = out;
                     o.copy_(in);
                   });
-  } else {  // one side in host memory: here, once the stream has reached this point
+    if (from != to) stream_wait(from, to);  // src's memory is read until then
+  } else {  // one side in host memory: here, once the device's stream is there
     at::Tensor out = host_side(dst, false, true);
-    out.copy_(host_side(self, false, true));
+    out.copy_(host_side(src, false, true));
   }
   return dst;
 }
+//< ch22 copy
 
 bool equal(const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(self.device() == other.device(), "Cannot compare two tensors on different ",
+              "devices. Got: ", self.device(), " and ", other.device());
   if (!other.is_quantized() || self.qscheme() != other.qscheme() ||
       self.scalar_type() != other.scalar_type() || self.sizes() != other.sizes())
     return false;
@@ -282,7 +304,7 @@ bool equal(const at::Tensor& self, const at::Tensor& other) {
                    other.q_per_channel_zero_points().cpu()))
       return false;
   }
-  return at::equal(acme::int_repr(self), acme::int_repr(other.to(self.device())));
+  return at::equal(acme::int_repr(self), acme::int_repr(other));
 }
 
 //> ch22 unsupported
@@ -307,6 +329,9 @@ void refuse_structured_ops(torch::Library& library) {
     if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::QuantizedPrivateUse1) ||
         !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
       continue;
+    // The *_copy forms of views, and the *_scatter ops, are views, clones
+    // and copies underneath: those work for quantized acme tensors.
+    if (op->hasTag(at::Tag::view_copy) || name.name.ends_with("_scatter")) continue;
     const std::string op_name = name.overload_name.empty()
                                     ? name.name.substr(6)
                                     : name.name.substr(6) + "." + name.overload_name;
@@ -332,9 +357,15 @@ REGISTER_PRIVATEUSE1_DISPATCH(quantize_tensor_per_channel_float_qparams_stub,
                               &acme::quantize_float_qparams_kernel)
 REGISTER_PRIVATEUSE1_DISPATCH(dequantize_tensor_per_channel_float_qparams_stub,
                               &acme::dequantize_float_qparams_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(quantize_tensor_per_tensor_affine_sub_byte_stub,
+                              &acme::quantize_sub_byte_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(dequantize_tensor_per_tensor_affine_sub_byte_stub,
+                              &acme::dequantize_sub_byte_kernel)
 }  // namespace at::native
 
-// Float tensors in, quantized tensors out: keyed by the float input.
+// Float tensors in, quantized tensors out: keyed by the float input. These
+// are PyTorch's own kernels: they allocate through the accelerator's
+// allocator and quantize through the stubs above.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("quantize_per_tensor", TORCH_FN(acme::quantize_per_tensor));
   m.impl("quantize_per_tensor.tensor_qparams", TORCH_FN(acme::quantize_per_tensor_tensor_qparams));
@@ -345,11 +376,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 // Quantized acme tensors in. Most kernels are PyTorch's generic ones, the
-// QuantizedCPU kernels' own, which only read the quantizer or build views.
+// QuantizedCPU kernels' own, which only read the quantizer, build views or
+// allocate.
 TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
   m.impl("_empty_affine_quantized", TORCH_FN(acme::empty_affine_quantized));
   m.impl("_empty_per_channel_affine_quantized",
          TORCH_FN(acme::empty_per_channel_affine_quantized));
+  m.impl("empty.memory_format", TORCH_FN(acme::empty_unknown_quantized));
   m.impl("empty_quantized", TORCH_FN(at::native::empty_quantized));
   m.impl("empty_like", TORCH_FN(at::native::empty_like_quantized));
   m.impl("clone", TORCH_FN(at::native::quantized_clone));
