@@ -708,6 +708,23 @@ acmeError_t stream_device(acmeStream_t stream, int* device) {
   return stream ? acmeStreamGetDevice(stream, device) : acmeGetDevice(device);
 }
 
+// What every entry point starts with: a usable communicator, a known type
+// (and op, for reductions), and the device of the stream it queues on.
+acmeError_t begin(acmeComm_t comm, int type, int op, bool reduces, acmeStream_t stream,
+                  const char* caller, int* device) {
+  if (acmeError_t e = check_comm(comm, caller)) return e;
+  if (acmeError_t e = check_type(type, op, reduces, caller)) return e;
+  return stream_device(stream, device);
+}
+
+// The device-side view of a buffer of count x times elements of `type`.
+acmeError_t buffer(const void* ptr, size_t count, size_t times, int type, int device,
+                   const char* what, const char* caller, char** out) {
+  size_t bytes = 0;
+  if (acmeError_t e = byte_count(count, type_size(type), times, caller, &bytes)) return e;
+  return view(ptr, bytes, device, what, caller, out);
+}
+
 // Takes a ticket and queues the collective on the stream. A ticket is only
 // kept if the launch queued: one that never runs would hold up the rest.
 acmeError_t queue(Collective* c, acmeComm_t comm, const char* caller, acmeStream_t stream) {
@@ -831,54 +848,43 @@ acmeError_t acmeCommGetError(acmeComm_t comm) { return check_comm(comm, "acmeCom
 acmeError_t acmeAllReduce(const void* send, void* recv, size_t count, acmeDataType type,
                           acmeReduceOp op, acmeComm_t comm, acmeStream_t stream) {
   const char* caller = "acmeAllReduce";
-  if (acmeError_t e = check_comm(comm, caller)) return e;
-  if (acmeError_t e = check_type(type, op, true, caller)) return e;
+  int device;
+  if (acmeError_t e = begin(comm, type, op, true, stream, caller, &device)) return e;
   auto c = std::make_unique<Collective>();
   c->call = {kAllReduce, type, op, 0, count};
-  int device;
-  if (acmeError_t e = stream_device(stream, &device)) return e;
   char* in;
-  size_t bytes = 0;
-  if (acmeError_t e = byte_count(count, type_size(type), 1, caller, &bytes)) return e;
-  if (acmeError_t e = view(send, bytes, device, "send", caller, &in)) return e;
-  if (acmeError_t e = view(recv, bytes, device, "recv", caller, &c->recv)) return e;
+  if (acmeError_t e = buffer(send, count, 1, type, device, "send", caller, &in)) return e;
+  if (acmeError_t e = buffer(recv, count, 1, type, device, "recv", caller, &c->recv)) return e;
   c->send = in;
   return queue(c.release(), comm, caller, stream);
 }
 
-acmeError_t acmeBroadcast(void* buffer, size_t count, acmeDataType type, int root,
+acmeError_t acmeBroadcast(void* data, size_t count, acmeDataType type, int root,
                           acmeComm_t comm, acmeStream_t stream) {
   const char* caller = "acmeBroadcast";
-  if (acmeError_t e = check_comm(comm, caller)) return e;
-  if (acmeError_t e = check_type(type, 0, false, caller)) return e;
+  int device;
+  if (acmeError_t e = begin(comm, type, 0, false, stream, caller, &device)) return e;
   if (root < 0 || root >= comm->state->nranks)
     return fail(acmeErrorInvalidValue, "%s: root %d is not a rank of 0..%d", caller, root,
                 comm->state->nranks - 1);
   auto c = std::make_unique<Collective>();
   c->call = {kBroadcast, type, 0, root, count};
-  int device;
-  if (acmeError_t e = stream_device(stream, &device)) return e;
-  size_t bytes = 0;
-  if (acmeError_t e = byte_count(count, type_size(type), 1, caller, &bytes)) return e;
-  if (acmeError_t e = view(buffer, bytes, device, "buffer", caller, &c->recv)) return e;
+  if (acmeError_t e = buffer(data, count, 1, type, device, "buffer", caller, &c->recv)) return e;
   return queue(c.release(), comm, caller, stream);
 }
 
 acmeError_t acmeAllGather(const void* send, void* recv, size_t sendCount, acmeDataType type,
                           acmeComm_t comm, acmeStream_t stream) {
   const char* caller = "acmeAllGather";
-  if (acmeError_t e = check_comm(comm, caller)) return e;
-  if (acmeError_t e = check_type(type, 0, false, caller)) return e;
+  int device;
+  if (acmeError_t e = begin(comm, type, 0, false, stream, caller, &device)) return e;
   auto c = std::make_unique<Collective>();
   c->call = {kAllGather, type, 0, 0, sendCount};
-  const size_t es = type_size(type);
-  int device;
-  if (acmeError_t e = stream_device(stream, &device)) return e;
+  const size_t n = comm->state->nranks;
   char* in;
-  size_t bytes = 0;
-  if (acmeError_t e = byte_count(sendCount, es, comm->state->nranks, caller, &bytes)) return e;
-  if (acmeError_t e = view(send, sendCount * es, device, "send", caller, &in)) return e;
-  if (acmeError_t e = view(recv, bytes, device, "recv", caller, &c->recv)) return e;
+  if (acmeError_t e = buffer(send, sendCount, 1, type, device, "send", caller, &in)) return e;
+  if (acmeError_t e = buffer(recv, sendCount, n, type, device, "recv", caller, &c->recv))
+    return e;
   c->send = in;
   return queue(c.release(), comm, caller, stream);
 }
@@ -886,18 +892,15 @@ acmeError_t acmeAllGather(const void* send, void* recv, size_t sendCount, acmeDa
 acmeError_t acmeReduceScatter(const void* send, void* recv, size_t recvCount, acmeDataType type,
                               acmeReduceOp op, acmeComm_t comm, acmeStream_t stream) {
   const char* caller = "acmeReduceScatter";
-  if (acmeError_t e = check_comm(comm, caller)) return e;
-  if (acmeError_t e = check_type(type, op, true, caller)) return e;
+  int device;
+  if (acmeError_t e = begin(comm, type, op, true, stream, caller, &device)) return e;
   auto c = std::make_unique<Collective>();
   c->call = {kReduceScatter, type, op, 0, recvCount};
-  const size_t es = type_size(type);
-  int device;
-  if (acmeError_t e = stream_device(stream, &device)) return e;
+  const size_t n = comm->state->nranks;
   char* in;
-  size_t bytes = 0;
-  if (acmeError_t e = byte_count(recvCount, es, comm->state->nranks, caller, &bytes)) return e;
-  if (acmeError_t e = view(send, bytes, device, "send", caller, &in)) return e;
-  if (acmeError_t e = view(recv, recvCount * es, device, "recv", caller, &c->recv)) return e;
+  if (acmeError_t e = buffer(send, recvCount, n, type, device, "send", caller, &in)) return e;
+  if (acmeError_t e = buffer(recv, recvCount, 1, type, device, "recv", caller, &c->recv))
+    return e;
   c->send = in;
   return queue(c.release(), comm, caller, stream);
 }
@@ -906,8 +909,8 @@ acmeError_t acmeAllToAll(const void* send, const size_t* sendCounts, const size_
                          void* recv, const size_t* recvCounts, const size_t* recvOffsets,
                          acmeDataType type, acmeComm_t comm, acmeStream_t stream) {
   const char* caller = "acmeAllToAll";
-  if (acmeError_t e = check_comm(comm, caller)) return e;
-  if (acmeError_t e = check_type(type, 0, false, caller)) return e;
+  int device;
+  if (acmeError_t e = begin(comm, type, 0, false, stream, caller, &device)) return e;
   if (!sendCounts || !sendOffsets || !recvCounts || !recvOffsets)
     return fail(acmeErrorInvalidValue, "%s: a count or offset array is NULL", caller);
   const int n = comm->state->nranks;
@@ -924,17 +927,13 @@ acmeError_t acmeAllToAll(const void* send, const size_t* sendCounts, const size_
     recv_end = std::max(recv_end, recvOffsets[r] + recvCounts[r]);
   }
   c->call = {kAllToAll, type, 0, 0, 0};  // the counts are checked pairwise as it runs
-  const size_t es = type_size(type);
-  int device;
-  if (acmeError_t e = stream_device(stream, &device)) return e;
   char* in;
-  size_t send_bytes = 0, recv_bytes = 0;
-  if (acmeError_t e = byte_count(send_end, es, 1, caller, &send_bytes)) return e;
-  if (acmeError_t e = byte_count(recv_end, es, 1, caller, &recv_bytes)) return e;
-  if (acmeError_t e = view(send, send_bytes, device, "send", caller, &in)) return e;
-  if (acmeError_t e = view(recv, recv_bytes, device, "recv", caller, &c->recv)) return e;
+  if (acmeError_t e = buffer(send, send_end, 1, type, device, "send", caller, &in)) return e;
+  if (acmeError_t e = buffer(recv, recv_end, 1, type, device, "recv", caller, &c->recv))
+    return e;
   // Rounds read the send buffer after writing the receive buffer: they must
   // not overlap.
+  const size_t send_bytes = send_end * type_size(type), recv_bytes = recv_end * type_size(type);
   if (send_bytes && recv_bytes && in < c->recv + recv_bytes && c->recv < in + send_bytes)
     return fail(acmeErrorInvalidValue, "%s: send and recv overlap (all_to_all is not in place)",
                 caller);
@@ -945,20 +944,17 @@ acmeError_t acmeAllToAll(const void* send, const size_t* sendCounts, const size_
 static acmeError_t point_to_point(int kind, const void* send, void* recv, size_t count,
                                   acmeDataType type, int peer, acmeComm_t comm,
                                   acmeStream_t stream, const char* caller) {
-  if (acmeError_t e = check_comm(comm, caller)) return e;
-  if (acmeError_t e = check_type(type, 0, false, caller)) return e;
+  int device;
+  if (acmeError_t e = begin(comm, type, 0, false, stream, caller, &device)) return e;
   if (peer < 0 || peer >= comm->state->nranks || peer == comm->state->rank)
     return fail(acmeErrorInvalidValue, "%s: peer %d is not another rank of 0..%d", caller, peer,
                 comm->state->nranks - 1);
   auto c = std::make_unique<Collective>();
   c->call = {kind, type, 0, 0, count};
   c->peer = peer;
-  int device;
-  if (acmeError_t e = stream_device(stream, &device)) return e;
-  size_t bytes = 0;
-  if (acmeError_t e = byte_count(count, type_size(type), 1, caller, &bytes)) return e;
   char* v;
-  if (acmeError_t e = view(kind == kSend ? send : recv, bytes, device, "buffer", caller, &v))
+  if (acmeError_t e = buffer(kind == kSend ? send : recv, count, 1, type, device, "buffer",
+                             caller, &v))
     return e;
   if (kind == kSend) c->send = v;
   else c->recv = v;
