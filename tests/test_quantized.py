@@ -207,7 +207,9 @@ def test_unsupported_ops_name_the_op():
                                        f"{DEVICE} tensors. Dequantize first")
     for op, call in [("aten::relu", torch.relu), ("aten::mul.Tensor", lambda t: t * 2),
                      ("aten::sum.dim_IntList", lambda t: t.sum()),
-                     ("aten::fill_.Scalar", lambda t: t.fill_(1))]:
+                     ("aten::fill_.Scalar", lambda t: t.fill_(1)),
+                     # PyTorch's own quantized arithmetic, which the chapter names
+                     ("quantized::add", lambda t: torch.ops.quantized.add(t, t, 0.1, 0))]:
         with pytest.raises(NotImplementedError) as error:
             call(q)
         assert str(error.value).startswith(f"{DEVICE}: {op} has no kernel for quantized"), op
