@@ -198,11 +198,8 @@ class ProcessGroupAcme : public c10d::Backend {
                                           const c10d::AllreduceOptions& opts) override {
     const at::Tensor& t = single(tensors, "all_reduce");
     const acmeReduceOp op = runtime_op(opts.reduceOp, t.scalar_type());
-    return queue(c10d::OpType::ALLREDUCE, "all_reduce", t.device(), {t}, [&](acmeStream_t s) {
-      const at::Tensor out = reducible(t), in = reducible(premultiplied(t, opts.reduceOp));
-      return acmeAllReduce(in.data_ptr(), out.data_ptr(), out.numel(),
-                           *runtime_type(out.scalar_type()), op, comm_, s);
-    });
+    return queue(c10d::OpType::ALLREDUCE, "all_reduce", t.device(), {t},
+                 [&](acmeStream_t s) { return reduce_into(t, t, opts.reduceOp, op, s); });
   }
 //< ch21 all-reduce
 
@@ -223,11 +220,8 @@ class ProcessGroupAcme : public c10d::Backend {
     const at::Tensor& t = single(tensors, "reduce");
     const acmeReduceOp op = runtime_op(opts.reduceOp, t.scalar_type());
     const at::Tensor result = getRank() == opts.rootRank ? t : at::empty_like(t);
-    return queue(c10d::OpType::REDUCE, "reduce", t.device(), {t}, [&](acmeStream_t s) {
-      const at::Tensor out = reducible(result), in = reducible(premultiplied(t, opts.reduceOp));
-      return acmeAllReduce(in.data_ptr(), out.data_ptr(), out.numel(),
-                           *runtime_type(out.scalar_type()), op, comm_, s);
-    });
+    return queue(c10d::OpType::REDUCE, "reduce", t.device(), {t},
+                 [&](acmeStream_t s) { return reduce_into(result, t, opts.reduceOp, op, s); });
   }
 
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -235,23 +229,13 @@ class ProcessGroupAcme : public c10d::Backend {
                                        const c10d::GatherOptions& opts) override {
     const at::Tensor& in = single(inputs, "gather");
     const bool root = getRank() == opts.rootRank;
-    TORCH_CHECK_VALUE(root ? outputs.size() == 1 && int(outputs[0].size()) == getSize()
-                           : outputs.empty() || outputs[0].empty(),
-                      name(), " backend: gather needs a list of ", getSize(),
-                      " tensors on the root, none elsewhere");
-    if (root)
-      for (const at::Tensor& out : outputs[0]) same_shape(out, in, "gather", "an output");
+    check_rank_list(outputs, /*rooted=*/true, root, in, "gather", "an output");
     at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
     return queue(
         c10d::OpType::GATHER, "gather", in.device(), root ? outputs[0] : std::vector<at::Tensor>{},
-        [&](acmeStream_t s) {
-          const Elements e = moved(in);
-          return acmeAllGather(in.data_ptr(), flat.data_ptr(), e.count, e.type, comm_, s);
-        },
+        [&](acmeStream_t s) { return gather_into(flat, in, s); },
         [&] {
-          if (!root) return;
-          for (int r = 0; r < getSize(); ++r)
-            outputs[0][r].copy_(flat.narrow(0, r * in.numel(), in.numel()).view(in.sizes()));
+          if (root) copy_out(flat, outputs[0]);
         });
   }
 
@@ -260,12 +244,7 @@ class ProcessGroupAcme : public c10d::Backend {
                                         const c10d::ScatterOptions& opts) override {
     const at::Tensor& out = single(outputs, "scatter");
     const bool root = getRank() == opts.rootRank;
-    TORCH_CHECK_VALUE(root ? inputs.size() == 1 && int(inputs[0].size()) == getSize()
-                           : inputs.empty() || inputs[0].empty(),
-                      name(), " backend: scatter needs a list of ", getSize(),
-                      " tensors on the root, none elsewhere");
-    if (root)
-      for (const at::Tensor& in : inputs[0]) same_shape(in, out, "scatter", "an input");
+    check_rank_list(inputs, /*rooted=*/true, root, out, "scatter", "an input");
     std::vector<at::Tensor> pieces;
     if (root)
       for (const at::Tensor& in : inputs[0]) pieces.push_back(in.reshape({-1}));
@@ -284,25 +263,12 @@ class ProcessGroupAcme : public c10d::Backend {
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllgatherOptions&) override {
     const at::Tensor& in = single(inputs, "all_gather");
-    TORCH_CHECK_VALUE(outputs.size() == 1 && int(outputs[0].size()) == getSize(), name(),
-                      " backend: all_gather needs a list of ", getSize(), " output tensors");
-    for (const at::Tensor& out : outputs[0]) {
-      check(out, "an output");
-      TORCH_CHECK_VALUE(out.sizes() == in.sizes() && out.dtype() == in.dtype(), name(),
-                        " backend: all_gather outputs must match the input's size ",
-                        in.sizes(), " and dtype ", in.dtype());
-    }
+    check_rank_list(outputs, /*rooted=*/false, true, in, "all_gather", "an output");
     at::Tensor flat = at::empty({getSize() * in.numel()}, in.options());
     return queue(
         c10d::OpType::ALLGATHER, "all_gather", in.device(), outputs[0],
-        [&](acmeStream_t s) {
-          const Elements e = moved(in);
-          return acmeAllGather(in.data_ptr(), flat.data_ptr(), e.count, e.type, comm_, s);
-        },
-        [&] {  // on the same stream, after the gather
-          for (int r = 0; r < getSize(); ++r)
-            outputs[0][r].copy_(flat.narrow(0, r * in.numel(), in.numel()).view(in.sizes()));
-        });
+        [&](acmeStream_t s) { return gather_into(flat, in, s); },
+        [&] { copy_out(flat, outputs[0]); });  // on the same stream, after the gather
   }
 
   // dist.all_gather_into_tensor
@@ -358,14 +324,10 @@ class ProcessGroupAcme : public c10d::Backend {
     }
     return queue(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors[0].device(),
                  tensors, [&](acmeStream_t s) {
-                   for (size_t i = 0; i < tensors.size(); ++i) {
-                     const at::Tensor out = reducible(tensors[i]),
-                                      in = reducible(premultiplied(tensors[i], opts.reduceOp));
-                     if (acmeError_t e = acmeAllReduce(in.data_ptr(), out.data_ptr(), out.numel(),
-                                                       *runtime_type(out.scalar_type()), ops[i],
-                                                       comm_, s))
+                   for (size_t i = 0; i < tensors.size(); ++i)
+                     if (acmeError_t e = reduce_into(tensors[i], tensors[i], opts.reduceOp,
+                                                     ops[i], s))
                        return e;
-                   }
                    return acmeSuccess;
                  });
   }
@@ -455,13 +417,39 @@ class ProcessGroupAcme : public c10d::Backend {
   }
 
  private:
-  // gather's outputs and scatter's inputs: the other side's shape and dtype.
-  void same_shape(const at::Tensor& t, const at::Tensor& like, const char* op, const char* what) {
-    check(t, what);
-    TORCH_CHECK_VALUE(t.sizes() == like.sizes() && t.dtype() == like.dtype(), name(),
-                      " backend: ", op, ": ", what, " of ", t.sizes(), " ", t.dtype(),
-                      " does not match ", like.sizes(), " ", like.dtype());
+  // The lists of one tensor per rank: all_gather's outputs on every rank,
+  // gather's and scatter's on the root only (`here`), each like `like`.
+  void check_rank_list(const std::vector<std::vector<at::Tensor>>& lists, bool rooted, bool here,
+                       const at::Tensor& like, const char* op, const char* what) {
+    TORCH_CHECK_VALUE(here ? lists.size() == 1 && int(lists[0].size()) == getSize()
+                           : lists.empty() || lists[0].empty(),
+                      name(), " backend: ", op, " needs a list of ", getSize(), " tensors",
+                      rooted ? " on the root, none elsewhere" : "");
+    if (!here) return;
+    for (const at::Tensor& t : lists[0]) {
+      check(t, what);
+      TORCH_CHECK_VALUE(t.sizes() == like.sizes() && t.dtype() == like.dtype(), name(),
+                        " backend: ", op, ": ", what, " of ", t.sizes(), " ", t.dtype(),
+                        " does not match ", like.sizes(), " ", like.dtype());
+    }
   }
+
+  // One rank's block of a gathered buffer into each tensor of the list.
+  void copy_out(const at::Tensor& flat, const std::vector<at::Tensor>& outs) {
+    const int64_t n = outs[0].numel();
+    for (int r = 0; r < getSize(); ++r)
+      outs[r].copy_(flat.narrow(0, r * n, n).view(outs[r].sizes()));
+  }
+
+//> ch21 reduce-into
+  // out = the reduction of every rank's `in` (which may be out itself).
+  acmeError_t reduce_into(const at::Tensor& out, const at::Tensor& in, const c10d::ReduceOp& op,
+                          acmeReduceOp runtime, acmeStream_t s) {
+    const at::Tensor o = reducible(out), i = reducible(premultiplied(in, op));
+    return acmeAllReduce(i.data_ptr(), o.data_ptr(), o.numel(), *runtime_type(o.scalar_type()),
+                         runtime, comm_, s);
+  }
+//< ch21 reduce-into
 
   void check_gather(const at::Tensor& out, const at::Tensor& in) {
     check(in, "the input");

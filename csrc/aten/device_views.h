@@ -57,7 +57,8 @@ class DeviceViews {
     return view;
   }
 
- private:
+  // The CPU storage over the device-side view of t's storage: one for each
+  // device storage, shared by every view of it.
   c10::Storage storage_of(const at::TensorBase& t) {
     const c10::StorageImpl* device_storage = t.storage().unsafeGetStorageImpl();
     for (const auto& [impl, storage] : storages_)
@@ -74,6 +75,7 @@ class DeviceViews {
     return storage;
   }
 
+ private:
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
   c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> tensors_;
 //> ch18 views-mode-member

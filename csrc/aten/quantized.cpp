@@ -112,18 +112,13 @@ at::Tensor quantize_per_channel(const at::Tensor& self, const at::Tensor& scales
 //> ch22 views
 // A CPU tensor over the device-side view of q's bytes: a qtensor with q's
 // quantizer (for the CPU's quantize and dequantize kernels), or its integers
-// (quint8 as uint8, and so on). Per-channel parameters on acme are viewed too.
-at::Tensor host_side(const at::Tensor& t, bool for_launch, bool as_integers = false) {
+// (quint8 as uint8, and so on). The bytes come from chapter 10's DeviceViews,
+// which waits for the stream unless the views are for a launch; a host
+// qtensor's integers are its own storage.
+at::Tensor host_side(DeviceViews& views, const at::Tensor& t, bool as_integers = false) {
   const bool on_acme = t.device().type() == kAcme;
   if (!on_acme && !(as_integers && t.is_quantized())) return t;
-  c10::Storage storage = t.storage();  // a host qtensor's integers: its own storage
-  if (on_acme) {
-    const size_t bytes = t.storage().nbytes();
-    if (!for_launch && bytes > 0) wait_for_stream(t.device().index());
-    void* view = bytes == 0 ? nullptr : device_address(t.storage().data());
-    storage = c10::Storage(c10::Storage::use_byte_size_t(), bytes,
-                           c10::DataPtr(view, c10::Device(c10::kCPU)), nullptr, false);
-  }
+  c10::Storage storage = on_acme ? views.storage_of(t) : t.storage();
   at::Tensor cpu;
   if (t.is_quantized() && !as_integers) {
     cpu = at::detail::make_tensor<at::QTensorImpl>(
@@ -147,8 +142,9 @@ at::Tensor host_side(const at::Tensor& t, bool for_launch, bool as_integers = fa
 // a tensor's device are, and for the views that device is the CPU.)
 void quantize_per_tensor_kernel(const at::Tensor& rtensor, at::Tensor& qtensor, double scale,
                                 int64_t zero_point) {
+  DeviceViews view(DeviceViews::kForLaunch);
   launch_kernel(qtensor.device().index(), "quantize_per_tensor",
-                [r = host_side(rtensor, true), q = host_side(qtensor, true), scale, zero_point] {
+                [r = host_side(view, rtensor), q = host_side(view, qtensor), scale, zero_point] {
                   at::Tensor out = q;
                   at::native::quantize_tensor_per_tensor_affine(r, out, scale, zero_point);
                 });
@@ -156,8 +152,9 @@ void quantize_per_tensor_kernel(const at::Tensor& rtensor, at::Tensor& qtensor, 
 
 void dequantize_per_tensor_kernel(const at::Tensor& qtensor, at::Tensor& rtensor, double scale,
                                   int64_t zero_point) {
+  DeviceViews view(DeviceViews::kForLaunch);
   launch_kernel(qtensor.device().index(), "dequantize_per_tensor",
-                [q = host_side(qtensor, true), r = host_side(rtensor, true), scale, zero_point] {
+                [q = host_side(view, qtensor), r = host_side(view, rtensor), scale, zero_point] {
                   at::Tensor out = r;
                   at::native::dequantize_tensor_per_tensor_affine(q, out, scale, zero_point);
                 });
@@ -172,11 +169,12 @@ void per_channel(PerChannel cpu_kernel, const char* name, const at::Tensor& in, 
   const at::Tensor& device_side = in.device().type() == kAcme ? in : out;
   // Parameters in host memory are copied: the caller may change them before
   // the kernel runs. (Views of device memory are ordered by the stream.)
-  auto parameter = [](const at::Tensor& p) {
-    return p.device().type() == kAcme ? host_side(p, true) : p.clone();
+  DeviceViews view(DeviceViews::kForLaunch);
+  auto parameter = [&](const at::Tensor& p) {
+    return p.device().type() == kAcme ? host_side(view, p) : p.clone();
   };
   launch_kernel(device_side.device().index(), name,
-                [cpu_kernel, i = host_side(in, true), o = host_side(out, true),
+                [cpu_kernel, i = host_side(view, in), o = host_side(view, out),
                  s = parameter(scales), z = parameter(zero_points), axis] {
                   at::Tensor result = o;
                   cpu_kernel(i, result, s, z, axis);
@@ -232,8 +230,9 @@ at::Tensor int_repr(const at::Tensor& self) {
                                                .dtype(c10::toUnderlying(self.scalar_type()))
                                                .memory_format(self.suggest_memory_format()));
   if (out.numel() == 0) return out;
+  DeviceViews view(DeviceViews::kForLaunch);
   launch_kernel(self.device().index(), "int_repr",
-                [in = host_side(self, true, /*as_integers=*/true), o = host_side(out, true)] {
+                [in = host_side(view, self, /*as_integers=*/true), o = host_side(view, out)] {
                   at::Tensor result = o;
                   result.copy_(in);
                 });
@@ -274,15 +273,17 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   if (src_on_acme && dst_on_acme) {  // a kernel on dst's stream, ordered after src's
     const c10::DeviceIndex from = src.device().index(), to = dst.device().index();
     if (from != to) stream_wait(to, from);
+    DeviceViews view(DeviceViews::kForLaunch);
     launch_kernel(to, "quantized copy",
-                  [in = host_side(src, true, true), out = host_side(dst, true, true)] {
+                  [in = host_side(view, src, true), out = host_side(view, dst, true)] {
                     at::Tensor o = out;
                     o.copy_(in);
                   });
     if (from != to) stream_wait(from, to);  // src's memory is read until then
   } else {  // one side in host memory: here, once the device's stream is there
-    at::Tensor out = host_side(dst, false, true);
-    out.copy_(host_side(src, false, true));
+    DeviceViews view;  // waits for the device's stream
+    at::Tensor out = host_side(view, dst, true);
+    out.copy_(host_side(view, src, true));
   }
   return dst;
 }
