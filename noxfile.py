@@ -147,7 +147,8 @@ def compat(session: nox.Session) -> None:
 # sanitizer environment).
 SANITIZED_TESTS = ["tests/test_runtime.py", "tests/test_bad_inputs.py", "tests/test_threads.py",
                    "tests/test_leaks.py", "tests/test_fuzz.py", "tests/test_serialization.py",
-                   "tests/test_native_kernels.py", "tests/test_copies.py", "tests/test_clean_exit.py",
+                   "tests/test_native_kernels.py", "tests/test_copies.py", "tests/test_device_guard.py",
+                   "tests/test_clean_exit.py",
                    "tests/test_stage_matrix.py", "tests/test_chapters.py", "-k",
                    "not test_chapter_runs_against_its_stage or ch00 or ch02 or ch06 or ch07 or ch10"]
 

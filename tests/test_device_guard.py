@@ -1,0 +1,179 @@
+"""Chapter 6 through PyTorch: two devices, the current stream, events, mixed devices.
+
+The runtime's own streams and events are tested in tests/test_runtime.py; these
+tests drive them the way a user does, through torch.Stream, torch.Event,
+torch.accelerator and the device module, so they exercise the device guard.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+import pytest
+import torch
+
+import torch_acme  # noqa: F401 - registers the backend
+from torch_acme import runtime
+
+pytestmark = [
+    pytest.mark.skipif(importlib.import_module("torch_acme._build_info").STAGE < 6,
+                       reason="the device guard's streams and events arrive in chapter 6"),
+    pytest.mark.filterwarnings("ignore:.*runs on the CPU:UserWarning"),
+]
+
+NAME = torch._C._get_privateuse1_backend_name()  # "privateuseone" until chapter 8
+MS = 1000  # microseconds per millisecond, for sleep_kernel
+
+
+def on(index: int) -> str:
+    return f"{NAME}:{index}"
+
+
+@pytest.fixture(autouse=True)
+def idle_devices():
+    """Each test starts and ends on device 0 with every stream of both devices idle."""
+    yield
+    for device in range(runtime.device_count()):
+        torch.accelerator.synchronize(device)
+    torch.accelerator.set_device_index(0)
+
+
+# ---- copies between the devices ----
+
+@pytest.mark.parametrize("source,target", [(0, 1), (1, 0)])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "stepped slice"])
+def test_copies_between_devices(source, target, layout):
+    host = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    view = {"contiguous": lambda t: t, "transposed": lambda t: t.t(),
+            "stepped slice": lambda t: t[:, ::2]}[layout]
+    moved = view(host.to(on(source))).to(on(target))
+    assert moved.device == torch.device(on(target))
+    assert torch.equal(moved.cpu(), view(host))
+
+
+@pytest.mark.parametrize("source,target", [(0, 1), (1, 0)])
+def test_copy_into_a_strided_destination_on_the_other_device(source, target):
+    host = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    destination = torch.empty(4, 3, device=on(target)).t()  # a transposed view
+    destination.copy_(host.to(on(source)))
+    assert destination.device.index == target and not destination.is_contiguous()
+    assert torch.equal(destination.cpu(), host)
+
+
+# ---- mixing devices in one op ----
+
+def served_by_the_fallback(op: str) -> bool:
+    rows = torch._C._dispatch_dump_table(op).splitlines()
+    return any(r.startswith("PrivateUse1:") and "cpu_fallback" in r for r in rows)
+
+
+def test_the_fallback_refuses_tensors_of_two_devices():
+    # where.self goes through the CPU fallback: this is the fallback's own check.
+    assert served_by_the_fallback("aten::where.self"), "pick an op the fallback still serves"
+    condition = torch.tensor([True, False], device=on(0))
+    here, there = torch.ones(2, device=on(0)), torch.zeros(2, device=on(1))
+    with pytest.raises(RuntimeError) as info:
+        torch.where(condition, here, there)
+    message = str(info.value)
+    assert "Expected all tensors to be on the same device" in message
+    assert on(0) in message and on(1) in message
+
+
+def test_the_fallback_refuses_a_tensor_list_spanning_two_devices():
+    with pytest.raises(RuntimeError) as info:
+        torch.cat([torch.ones(2, device=on(0)), torch.ones(2, device=on(1))])
+    message = str(info.value)
+    assert "Expected all tensors to be on the same device" in message
+    assert on(0) in message and on(1) in message
+
+
+@pytest.mark.parametrize("device", [0, 1])
+def test_a_zero_dimensional_cpu_tensor_is_welcome_on_either_device(device):
+    condition = torch.tensor([True, False], device=on(device))
+    values = torch.tensor([1.0, 2.0], device=on(device))
+    picked = torch.where(condition, values, torch.tensor(-1.0))  # a CPU scalar
+    assert picked.device == torch.device(on(device))
+    assert picked.cpu().tolist() == [1.0, -1.0]
+    scaled = torch.mul(values, torch.tensor(2.0))
+    assert scaled.device.index == device and scaled.cpu().tolist() == [2.0, 4.0]
+
+
+def test_a_device_index_beyond_the_count_is_refused_for_streams_and_events():
+    count = runtime.device_count()
+    expected = f"invalid device ordinal {count + 7}: there are {count} acme devices"
+    with pytest.raises(RuntimeError, match=expected):
+        torch.Stream(device=on(count + 7))
+    with pytest.raises(RuntimeError, match=expected):
+        torch.empty(1, device=on(count + 7))
+
+
+# ---- the current stream ----
+
+def test_device_module_stream_helpers_agree_with_torch_accelerator():
+    module = getattr(torch, NAME)
+    side = torch.Stream(device=on(1))
+    assert module.current_stream(1) == module.default_stream(1)
+    assert module.default_stream(1).stream_id == 0
+    module.set_stream(side)
+    try:
+        assert module.current_stream(1) == side == torch.accelerator.current_stream(1)
+        assert module.current_stream(0) == torch.accelerator.current_stream(0)
+        assert torch.accelerator.current_stream(0).stream_id == 0  # device 0 untouched
+    finally:
+        module.set_stream(module.default_stream(1))
+    assert module.current_stream(1) == module.default_stream(1)
+
+
+def test_with_stream_switches_stream_and_device_and_restores_both():
+    side = torch.Stream(device=on(1))
+    assert torch.accelerator.current_device_index() == 0
+    with side:
+        assert torch.accelerator.current_stream() == side
+        assert torch.accelerator.current_device_index() == 1
+    assert torch.accelerator.current_device_index() == 0
+    assert torch.accelerator.current_stream(1).stream_id == 0
+
+
+def test_the_current_stream_belongs_to_one_thread():
+    side = torch.Stream(device=on(1))
+    seen = []
+    with side:
+        worker = threading.Thread(target=lambda: seen.append(torch.accelerator.current_stream(1)))
+        worker.start()
+        worker.join()
+        assert torch.accelerator.current_stream(1) == side
+    assert len(seen) == 1 and seen[0].stream_id == 0
+
+
+def test_new_streams_come_from_a_pool_of_eight_per_device():
+    ids = [torch.Stream(device=on(1)).stream_id for _ in range(16)]
+    assert 0 not in ids and len(set(ids)) == 8
+    assert ids[:8] == ids[8:]  # handed out in turn
+    assert all(runtime.stream_device(i) == 1 for i in ids)
+
+
+# ---- events ----
+
+def test_elapsed_time_needs_both_events_completed():
+    side = torch.Stream(device=on(1))
+    start = torch.Event(device=on(1), enable_timing=True)
+    end = torch.Event(device=on(1), enable_timing=True)
+    start.record(side)
+    runtime.sleep_kernel(side.native_handle, 250 * MS)
+    end.record(side)
+    with pytest.raises(RuntimeError, match="must be completed"):
+        start.elapsed_time(end)
+    end.synchronize()
+    assert start.elapsed_time(end) >= 200
+
+
+def test_an_event_belongs_to_the_device_of_its_first_record():
+    # Created lazily, on the first record: from then on it is that device's event.
+    event = torch.Event(device=on(1))
+    event.record(torch.Stream(device=on(1)))
+    with pytest.raises(RuntimeError,
+                       match="an event of device 1 cannot be recorded on a stream of device 0"):
+        event.record(torch.Stream(device=on(0)))
+    event.synchronize()
+    assert event.query()
