@@ -189,7 +189,7 @@ def test_arithmetic_with_cpu_scalar_tensor():
     check(lambda t: t + torch.tensor(2), a, label="cpu 0-dim int")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", ["same", "broadcast-right", "transposed", "sliced"])
 @pytest.mark.parametrize("op", INPLACE)
 def test_arithmetic_inplace(op, layout, dtype):
@@ -219,6 +219,27 @@ def test_arithmetic_out(op, out_kind):
         return out
 
     check(run, a, b, label=f"{op} out={out_kind}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_arithmetic_out_every_dtype(dtype):
+    a, b = sample((3, 5), dtype), nonzero((3, 5), dtype)
+    ops = [torch.add, torch.sub, torch.mul] + [torch.div] * dtype.is_floating_point
+    for fn in ops:
+        check(lambda x, y: fn(x, y, out=torch.empty(0, dtype=dtype, device=x.device)), a, b,
+              label=f"{fn.__name__} out=empty {dtype}")
+        check(lambda x, y: fn(x, y, out=torch.zeros(5, 3, dtype=dtype, device=x.device).t()),
+              a, b, label=f"{fn.__name__} out=transposed {dtype}")
+    check(lambda x, y: torch.div(x, y, rounding_mode="floor",
+                                 out=torch.empty(0, dtype=dtype, device=x.device)),
+          a, b, label=f"div floor out=empty {dtype}")
+
+
+def test_scalar_into_a_wider_out():
+    a = nonzero((3, 5), torch.float32)
+    check(lambda x: torch.add(x, 1, out=torch.empty(0, dtype=torch.float64, device=x.device)), a,
+          label="add scalar out=float64")
+    check(lambda x: x * torch.tensor(2), a, label="cpu 0-dim int64 operand")
 
 
 def test_inplace_refuses_what_the_cpu_refuses():
@@ -259,6 +280,8 @@ def test_comparisons(op, dtype):
     check(lambda x: fn(x, 0.5), a, label=f"{op} float scalar {dtype}")
     check(lambda x, y: getattr(x, op + "_")(y), a, b, label=f"{op}_ {dtype}")
     check(lambda x: getattr(x, op + "_")(1), a, label=f"{op}_ scalar {dtype}")
+    check(lambda x: getattr(x, op + "_")(0.5), a, label=f"{op}_ float scalar {dtype}")
+    check(lambda x, y: fn(x.t(), y[:1].t()), a, b, label=f"{op} transposed broadcast {dtype}")
     check(lambda x, y: fn(x, y, out=torch.empty(0, dtype=torch.bool, device=x.device)), a, b,
           label=f"{op} out {dtype}")
     check(lambda x: fn(x, 1, out=torch.empty(0, dtype=torch.bool, device=x.device)), a,
@@ -270,6 +293,7 @@ def test_comparisons_mixed_dtypes():
     for op in COMPARISONS:
         fn = getattr(torch, op)
         check(lambda x, y: fn(x, y), a, b, label=f"{op} int64 vs float32")
+        check(lambda x: fn(x.int(), x.double()), a, label=f"{op} int32 vs float64")
         check(lambda x, y: fn(x, y, out=torch.empty(0, dtype=torch.float32, device=x.device)),
               a, b, label=f"{op} out float32")
 
@@ -391,6 +415,7 @@ def test_softmax(dim, dtype):
     check(lambda x: torch.softmax(x, dim), t, label=f"softmax {dim} {dtype}")
     check(lambda x: torch.log_softmax(x, dim), t, label=f"log_softmax {dim} {dtype}")
     check(lambda x: torch.softmax(x.t(), dim), t, label=f"softmax transposed {dim} {dtype}")
+    check(lambda x: torch.log_softmax(x.t(), dim), t, label=f"log_softmax transposed {dim} {dtype}")
     check(lambda x: torch.softmax(x, dim, dtype=torch.float64), t, label=f"softmax dtype {dim}")
     empty = lambda x: torch.empty(0, dtype=dtype, device=x.device)  # noqa: E731
     check(lambda x: torch._softmax(x, dim, False, out=empty(x)), t, label=f"_softmax out {dtype}")
@@ -425,6 +450,8 @@ def test_copy_between_dtypes(src, dst):
     t = sample((4, 6), src) if src != torch.complex64 else torch.randn(4, 6, dtype=src)
     check(lambda x: x.to(dst), t, label=f"to {src}->{dst}")
     check(lambda x, y: y.copy_(x), t, torch.zeros(4, 6, dtype=dst), label=f"copy_ {src}->{dst}")
+    check(lambda x, y: y.t().copy_(x.t()), t, torch.zeros(4, 6, dtype=dst),
+          label=f"copy_ transposed {src}->{dst}")
 
 
 def test_copy_layouts():
@@ -432,6 +459,8 @@ def test_copy_layouts():
     check(lambda x, y: y.t().copy_(x.t()), t, torch.zeros(4, 6), label="copy_ transposed")
     check(lambda x, y: y.copy_(x[:1]), t, torch.zeros(4, 6), label="copy_ broadcast")
     check(lambda x, y: y[:, ::2].copy_(x[:, 1::2]), t, torch.zeros(4, 6), label="copy_ strided")
+    check(lambda x, y: y.copy_(x.t().contiguous().t()), t, torch.zeros(4, 6),
+          label="copy_ from column-major")
     check(lambda x: x.t().contiguous(), t, label="contiguous")
     check(lambda x: x.clone(), t, label="clone")
     check(lambda x: x[2:4].copy_(x[0:2]), t, label="copy_ between rows")

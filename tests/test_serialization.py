@@ -100,6 +100,15 @@ def test_views_still_share_storage(no_leaks):
     assert all(not loaded[k].cpu().any() for k in saved)
 
 
+def test_views_are_saved_as_one_storage_record(no_leaks):
+    base = torch.arange(6.0).to(DEVICE0)
+    buffer = io.BytesIO()
+    torch.save({"t": base, "tail": base[2:], "other": torch.ones(2).to(DEVICE0)}, buffer)
+    names = zipfile.ZipFile(buffer).namelist()
+    storages = sorted(n.split("/", 1)[1] for n in names if "/data/" in n)
+    assert storages == ["data/0", "data/1"], names  # the view adds no record of its own
+
+
 def test_a_view_alone_saves_its_whole_storage(no_leaks):
     big = torch.zeros(100_000).to(DEVICE0)
     loaded = round_trip(big[:10])
@@ -196,6 +205,11 @@ def test_backend_meta_bad_input(no_leaks):
         set_meta(t, 256)
     with pytest.raises(ValueError, match="got -1"):
         set_meta(t, -1)
+    tagged = torch.arange(4.0).to(DEVICE0)
+    set_meta(tagged, 29)
+    with pytest.raises(ValueError, match="a format tag is a number from 0 to 255, got 300"):
+        set_meta(tagged, 300)
+    assert get_meta(tagged) == 29  # a refused tag leaves the old one in place
     with pytest.raises(NotImplementedError, match="'acme::get_backend_meta' with arguments from the 'CPU' backend"):
         get_meta(torch.ones(2))
     with pytest.raises(RuntimeError, match="damaged checkpoint: the format tag has no 'acme.format.bit1' entry"):
@@ -304,8 +318,10 @@ def test_flipped_byte_in_the_pickle(checkpoint):
     # weights-only unpickler rejects the byte, and its message blames weights_only.
     start = record_start(checkpoint, "/data.pkl")
     damaged[checkpoint.index(b"ctorch._utils", start)] ^= 0xFF
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed") as error:
         torch.load(io.BytesIO(bytes(damaged)))
+    # ... and it suggests giving up the safe path, which would not repair the file.
+    assert "with `weights_only` set to `False` will likely succeed" in str(error.value)
     with pytest.raises(RuntimeError, match=r"record '.*/data.pkl' fails its CRC-32 check"):
         check_checkpoint(io.BytesIO(bytes(damaged)))
 
