@@ -15,7 +15,8 @@ author = "Out of Tree"
 copyright = "2026, Out of Tree"
 
 extensions = ["myst_nb", "sphinx_tabs.tabs", "sphinx_togglebutton", "acme_book",
-              "acme_errors"]  # docs/errors.md's tables, from tests/bad_inputs.toml
+              "acme_errors",   # docs/errors.md's cards, from tests/bad_inputs.toml
+              "acme_figures"]  # the index's pictures, from the stage snapshots
 root_doc = "docs/index"
 exclude_patterns = ["_build", ".nox", ".git", ".ci", "README.md", "tests", "csrc", "src",
                     "tools", "**/.ipynb_checkpoints", ".pytest_cache"]
@@ -23,6 +24,11 @@ exclude_patterns = ["_build", ".nox", ".git", ".ci", "README.md", "tests", "csrc
 html_theme = "sphinx_book_theme"
 html_title = "Out of Tree"
 html_theme_options = {"show_toc_level": 2, "use_download_button": True}
+# Light or dark as the reader's system says; unset, the theme logs "Got invalid
+# theme mode" to the console on every page.
+html_context = {"default_mode": "auto"}
+# docs/_templates/static/webpack-macros.html drops the theme's 1.5 MB icon script.
+templates_path = ["docs/_templates"]
 # The header has a search button; the theme's sidebar search field would be a second one.
 html_sidebars = {"**": ["navbar-logo.html", "icon-links.html", "sbt-sidebar-nav.html"]}
 html_static_path = ["docs/_static"]

@@ -222,7 +222,10 @@ def install_kernel(number: int, stage_dir: Path, out: Path) -> None:
         "display_name": f"acme stage {number}",
         "language": "python",
         "env": {
-            "PYTHONPATH": str(package_dir(out, number).parent),
+            # The stage's build, then the book's helpers (tools/chapter_support.py),
+            # so a chapter's notebook runs from any folder.
+            "PYTHONPATH": os.pathsep.join([str(package_dir(out, number).parent),
+                                           str(Path(__file__).resolve().parent)]),
             "ACME_STAGE_DIR": str(stage_dir),
             "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
         },

@@ -2,7 +2,7 @@
 test suite and the site use that run.
 
 An executed notebook is kept in <build>/executed/NN-slug.ipynb with the key it
-was made under: a hash of the chapter's text, the helpers its cells import, and
+was made under: a hash of the chapter's text, the helpers its cells use, and
 the builds of its own stage and the one before it (its "what fails before"
 cells run there). Any change to those makes the key differ, so a stale run is
 never reused: it is executed again.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import jupytext
@@ -33,9 +34,21 @@ def stored(chapter: dict) -> Path:
     return build_dir() / "executed" / f"{chapter['number']:02d}-{chapter['slug']}.ipynb"
 
 
+def helpers(chapter: dict) -> list[Path]:
+    """The book's own Python files a chapter uses: chapter_support, and every
+    module of tools/ or tests/ it names (imports, scripts it runs)."""
+    words = set(re.findall(r"\w+", source(chapter).read_text()))
+    found = [ROOT / "tools" / "chapter_support.py"]
+    for folder in ("tools", "tests"):
+        found += [path for path in sorted((ROOT / folder).glob("*.py"))
+                  if path.stem in words and path not in found
+                  and not path.stem.startswith("test_")]  # named in prose, never run
+    return found
+
+
 def key(chapter: dict) -> str:
     digest = hashlib.sha256()
-    for path in [source(chapter), ROOT / "tools" / "chapter_support.py"]:
+    for path in [source(chapter), *helpers(chapter)]:
         digest.update(path.read_bytes())
     for number in (chapter["number"] - 1, chapter["number"]):
         package = build_dir() / "packages" / f"stage-{number:02d}" / "torch_acme"

@@ -22,6 +22,11 @@ import traceback
 from pathlib import Path
 
 
+# The book's clone. Helpers run code from its chapters/ folder, so a downloaded
+# notebook opened anywhere behaves as the book's page did.
+BOOK = Path(__file__).resolve().parent.parent
+
+
 def stage_dir(number: int) -> Path:
     """Stage `number`'s snapshot (sources only)."""
     return Path(os.environ["ACME_STAGE_DIR"]).parent / f"stage-{number:02d}"
@@ -45,7 +50,7 @@ _MACHINE_PATHS = [
     (re.compile(r"(?:/[^\s:'\"]*)?/packages/stage-\d\d/"), "src/"),
     (re.compile(re.escape(sysconfig.get_paths()["purelib"]) + "/"), ""),
     (re.compile(re.escape(tempfile.gettempdir()) + r"/[^/\s'\"]+/"), ""),
-    (re.compile(re.escape(str(Path(__file__).resolve().parent.parent)) + "/"), ""),
+    (re.compile(re.escape(str(BOOK)) + "/"), ""),
 ]
 
 
@@ -152,7 +157,7 @@ def at_stage(number: int, code: str) -> subprocess.CompletedProcess:
     """Run `code` in a fresh process against stage `number` (one backend per process)."""
     env = dict(os.environ, PYTHONPATH=str(stage_path(number)))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, cwd=BOOK / "chapters")
 
 
 def on_ranks(number: int, code: str, world: int = 2, timeout: float = 120,
@@ -171,7 +176,8 @@ def on_ranks(number: int, code: str, world: int = 2, timeout: float = 120,
                         LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                         MASTER_PORT=str(port), **env)
         procs.append(subprocess.Popen([sys.executable, "-c", code], env=rank_env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      cwd=BOOK / "chapters"))
     done = []
     try:
         for p in procs:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import tomllib
 from pathlib import Path
@@ -121,6 +120,7 @@ class StageDirective(SphinxDirective):
 
 sys.path.insert(0, str(ROOT))
 from tools import chapter_runs  # noqa: E402
+from acme_downloads import for_download  # noqa: E402
 
 LOGGER = logging.getLogger(__name__)
 
@@ -150,40 +150,9 @@ def run_chapters(app) -> None:
         key = run.metadata["acme_key"] if run is not None else chapter_runs.key(chapter)
         RUNS[chapter["number"]] = (key, run)
         download = out / f"{notebook_name(chapter)}.ipynb"
-        text = nbformat.writes(for_download(notebook, chapter))
+        text = nbformat.writes(for_download(notebook, chapter, BUILD, ROOT / "chapters"))
         if not download.exists() or download.read_text() != text:
             download.write_text(text)
-
-
-def for_download(notebook, chapter: dict):
-    """The notebook a reader downloads: directives become the text they stand for."""
-    notebook = nbformat.reads(nbformat.writes(notebook), as_version=4)  # a copy
-    index = json.loads((BUILD / "snippets" / "index.json").read_text())
-    number = chapter["number"]
-
-    def snippet(match) -> str:
-        entry = index[match[1]][match[2]]
-        where = entry["file"] if entry["kind"] == "file" else f"{entry['file']} ({match[2]})"
-        code = (BUILD / entry["snippet"]).read_text().rstrip("\n")
-        return f"*{where}*\n\n```{entry['language']}\n{code}\n```"
-
-    replacements = [
-        (re.compile(r"```\{acme-snippet\} (ch\d\d) (\S+)\n```"), snippet),
-        (re.compile(r"```\{acme-stage\} \d+\n```"), lambda m: (
-            f"> This notebook runs in the kernel `acme-stage-{number:02d}`, against stage "
-            f"{number}. In a clone of the book, `nox -s chapter-{number}` builds the stages "
-            "and installs their kernels; run the notebook from the `chapters/` folder.")),
-        (re.compile(r"```\{acme-diff\} \d+\n```"), lambda m: (
-            f"The diff from stage {number - 1} to stage {number} is on this chapter's page, "
-            f"and in `_build/diffs/stage-{number:02d}.diff` after a build.")),
-        (re.compile(r"^::::\{tabs\}\n|^::::\n|^:::\n", re.M), lambda m: ""),
-        (re.compile(r"^:::\{group-tab\} (.+)$", re.M), lambda m: f"**{m[1]}**"),
-    ]
-    for cell in notebook.cells:
-        if cell.cell_type == "markdown":
-            for pattern, replace in replacements:
-                cell.source = pattern.sub(replace, cell.source)
-    return notebook
 
 
 def with_stored_outputs(notebook, path):
