@@ -164,6 +164,18 @@ def no_leaks(request):
     assert after == before, leak_message(before, after)
 
 
+def dispatch_row(op: str, key: str = "PrivateUse1") -> str:
+    """The row of `op`'s dispatch table for `key` ("" if the table has none).
+
+    The row names the file that registered the kernel and its kind, e.g.
+    "PrivateUse1: registered at .../cpu_fallback.cpp:162 [backend fallback]".
+    """
+    import torch
+
+    rows = torch._C._dispatch_dump_table(op).splitlines()
+    return next((row for row in rows if row.startswith(key + ":")), "")
+
+
 def composites_where_the_cpu_has_a_kernel(composite_key: str) -> list[str]:
     """ATen ops (with overload) that acme runs through a `composite_key` kernel
     although the CPU has a kernel of its own: no PrivateUse1 kernel, so acme

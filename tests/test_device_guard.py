@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import torch_acme  # noqa: F401 - registers the backend
+from conftest import dispatch_row
 from torch_acme import runtime
 
 pytestmark = [
@@ -63,14 +64,9 @@ def test_copy_into_a_strided_destination_on_the_other_device(source, target):
 
 # ---- mixing devices in one op ----
 
-def served_by_the_fallback(op: str) -> bool:
-    rows = torch._C._dispatch_dump_table(op).splitlines()
-    return any(r.startswith("PrivateUse1:") and "cpu_fallback" in r for r in rows)
-
-
 def test_the_fallback_refuses_tensors_of_two_devices():
     # where.self goes through the CPU fallback: this is the fallback's own check.
-    assert served_by_the_fallback("aten::where.self"), "pick an op the fallback still serves"
+    assert "cpu_fallback" in dispatch_row("aten::where.self"), "pick an op the fallback still serves"
     condition = torch.tensor([True, False], device=on(0))
     here, there = torch.ones(2, device=on(0)), torch.zeros(2, device=on(1))
     with pytest.raises(RuntimeError) as info:
@@ -86,6 +82,7 @@ def test_the_fallback_refuses_a_tensor_list_spanning_two_devices():
     message = str(info.value)
     assert "Expected all tensors to be on the same device" in message
     assert on(0) in message and on(1) in message
+    assert "aten::cat" in message  # the fallback names the op it refused
 
 
 @pytest.mark.parametrize("device", [0, 1])
@@ -106,6 +103,16 @@ def test_a_device_index_beyond_the_count_is_refused_for_streams_and_events():
         torch.Stream(device=on(count + 7))
     with pytest.raises(RuntimeError, match=expected):
         torch.empty(1, device=on(count + 7))
+    # torch.Event keeps only the device type of `device` (it takes its device
+    # from its first record), so the guard sees the index when the event is
+    # recorded: on a stream of that device, built from its parts since
+    # torch.Stream(device=...) refuses it.
+    beyond = torch.Stream(stream_id=0, device_index=count + 7,
+                          device_type=torch.Stream(device=on(0)).device_type)
+    event = torch.Event(device=on(count + 7))
+    with pytest.raises(RuntimeError, match=expected):
+        event.record(beyond)
+    assert event.query()  # still never recorded: nothing to wait for
 
 
 # ---- the current stream ----
@@ -151,6 +158,19 @@ def test_new_streams_come_from_a_pool_of_eight_per_device():
     assert 0 not in ids and len(set(ids)) == 8
     assert ids[:8] == ids[8:]  # handed out in turn
     assert all(runtime.stream_device(i) == 1 for i in ids)
+
+
+def test_the_device_module_synchronize_waits_for_every_stream_of_the_device():
+    module = getattr(torch, NAME)
+    side = torch.Stream(device=on(1))  # not device 1's current stream
+    assert torch.accelerator.current_stream(1) != side
+    end = torch.Event(device=on(1))
+    runtime.sleep_kernel(side.native_handle, 200 * MS)
+    end.record(side)
+    assert not side.query() and not end.query()  # busy for 200 ms
+    module.synchronize(1)
+    assert side.query() and end.query()
+    assert torch.accelerator.current_device_index() == 0  # and the current device is untouched
 
 
 # ---- events ----

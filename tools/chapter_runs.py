@@ -34,15 +34,30 @@ def stored(chapter: dict) -> Path:
     return build_dir() / "executed" / f"{chapter['number']:02d}-{chapter['slug']}.ipynb"
 
 
+def _imported_names(code: str, scripts: bool = True) -> set[str]:
+    """Module names `code` imports, and (scripts) names as a script: foo.py."""
+    names = {name.strip() for names in re.findall(r"^\s*import\s+([\w, ]+)", code, re.M)
+             for name in names.split(",")}
+    for module, imported in re.findall(r"^\s*from\s+([\w.]+)\s+import\s+([\w, ]+)", code, re.M):
+        names |= set(module.split(".")) | {name.strip() for name in imported.split(",")}
+    return names | (set(re.findall(r"(\w+)\.py\b", code)) if scripts else set())
+
+
 def helpers(chapter: dict) -> list[Path]:
-    """The book's own Python files a chapter uses: chapter_support, and every
-    module of tools/ or tests/ it names (imports, scripts it runs)."""
-    words = set(re.findall(r"\w+", source(chapter).read_text()))
+    """The book's own Python files a chapter's code uses: chapter_support, and
+    every module of tools/ or tests/ its code cells import or run as a script,
+    and the ones those import in turn."""
+    modules = {path.stem: path for folder in ("tools", "tests")
+               for path in sorted((ROOT / folder).glob("*.py"))}
     found = [ROOT / "tools" / "chapter_support.py"]
-    for folder in ("tools", "tests"):
-        found += [path for path in sorted((ROOT / folder).glob("*.py"))
-                  if path.stem in words and path not in found
-                  and not path.stem.startswith("test_")]  # named in prose, never run
+    code = "\n".join(cell.source for cell in jupytext.read(source(chapter)).cells
+                     if cell.cell_type == "code")
+    pending = sorted(_imported_names(code) & set(modules))
+    while pending:
+        path = modules[pending.pop(0)]
+        if path not in found:
+            found.append(path)
+            pending += sorted(_imported_names(path.read_text(), scripts=False) & set(modules))
     return found
 
 

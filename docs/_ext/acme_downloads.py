@@ -35,8 +35,17 @@ def _options(body: str) -> tuple[dict[str, str], str]:
     return options, "\n".join(rest).strip("\n")
 
 
+_INCLUDE_OPTIONS = {"language", "caption", "pyobject", "start-at", "start-after", "end-at",
+                    "end-before"}
+_LANGUAGES = {".py": "python", ".cpp": "c++", ".h": "c++", ".toml": "toml"}
+
+
 def _included(path: Path, options: dict[str, str]) -> str:
     """What a literalinclude with these options shows (the options the book uses)."""
+    unknown = set(options) - _INCLUDE_OPTIONS
+    if unknown:  # a new option would otherwise be ignored, and the excerpt wrong
+        raise ValueError(f"literalinclude of {path.name}: options {sorted(unknown)} are not "
+                         "turned into notebook text (docs/_ext/acme_downloads.py)")
     text = path.read_text()
     if "pyobject" in options:  # "name" or "Class.method"
         body, node = ast.parse(text).body, None
@@ -75,7 +84,8 @@ def for_download(notebook, chapter: dict, build: Path, chapters_dir: Path):
         options, _ = _options(match[2])
         path = (chapters_dir / match[1]).resolve()
         caption = options.get("caption") or path.relative_to(chapters_dir.parent).as_posix()
-        return _code_block(caption, options.get("language", ""), _included(path, options))
+        language = options.get("language", _LANGUAGES.get(path.suffix, ""))
+        return _code_block(caption, language, _included(path, options))
 
     def admonition(match) -> str:
         _, body = _options(match[2])
@@ -113,7 +123,7 @@ which imports stage {number}'s build of the acme backend. In a clone of the book
 (`README.md` there has the two set-up commands):
 
 ```console
-$ nox -s chapter-{number}          # builds stages 0..{number} and installs their kernels
+$ nox -s chapter-{number}          # builds stages 0..{number}, installs their kernels, runs them
 $ .nox/acme/bin/pip install jupyterlab
 $ JUPYTER_PATH=$PWD/_build/jupyter .nox/acme/bin/jupyter lab
 ```

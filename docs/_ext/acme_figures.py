@@ -9,18 +9,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import tomllib
 from pathlib import Path
 
 from docutils import nodes
 from sphinx.errors import ExtensionError
 from sphinx.util.docutils import SphinxDirective
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("ACME_BUILD_DIR", ROOT / "_build")).resolve()
+from acme_book import BUILD, chapters
+
 FIGURES = BUILD / "figures"
 
 # Layers, lowest first, by where their files live in a stage snapshot.
@@ -29,10 +27,6 @@ LAYERS = [("vendor runtime", ("csrc/runtime/",)),
           ("Python face", ("csrc/python/", "src/torch_acme/"))]
 COLOURS = ["#4c72b0", "#dd8452", "#55a868"]
 PYTORCH = "PyTorch"
-
-
-def _chapters() -> list[dict]:
-    return tomllib.loads((ROOT / "chapters" / "chapters.toml").read_text())["chapter"]
 
 
 def _stage(number: int) -> Path:
@@ -88,7 +82,7 @@ def draw_layers(path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
-    last = _chapters()[-1]["number"]
+    last = chapters()[-1]["number"]
     stage = _stage(last)
     edges = include_edges(stage)
     names = [name for name, _ in LAYERS]
@@ -105,7 +99,7 @@ def draw_layers(path: Path) -> None:
     lines = lines_per_layer(stage)
 
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
-    ax.set_xlim(0, 10)
+    ax.set_xlim(-0.7, 10)
     ax.set_ylim(0, 6.2)
     ax.axis("off")
     centres = {}
@@ -117,7 +111,7 @@ def draw_layers(path: Path) -> None:
         prefixes = " + ".join(LAYERS[index][1])
         ax.text(3.0, y + 0.85, name, ha="center", fontsize=11, weight="bold")
         ax.text(3.0, y + 0.35, f"{prefixes}: {files[index]} files, {lines[index]:,} lines",
-                ha="center", fontsize=8.5, family="monospace")
+                ha="center", fontsize=8, family="monospace")
         centres[name] = (3.0, y, y + 1.3)
     ax.add_patch(FancyBboxPatch((7.2, 2.3), 2.5, 3.3, boxstyle="round,pad=0.05",
                                 facecolor="0.9", edgecolor="0.5"))
@@ -128,13 +122,20 @@ def draw_layers(path: Path) -> None:
             ax.annotate("", xy=(7.2, bottom + 0.65), xytext=(5.85, bottom + 0.65),
                         arrowprops={"arrowstyle": "->", "color": "0.4"})
             ax.text(6.5, bottom + 0.75, f"{count}", ha="center", fontsize=8, color="0.3")
-        elif to != source:
-            _, _, to_top = centres[to]
-            ax.annotate("", xy=(x - 1.2 + 0.4 * names.index(to), to_top + 0.05),
-                        xytext=(x - 1.2 + 0.4 * names.index(to), bottom - 0.05),
+        elif names.index(source) - names.index(to) == 1:  # to the layer below
+            _, to_bottom, to_top = centres[to]
+            ax.annotate("", xy=(x, to_top + 0.05), xytext=(x, bottom - 0.05),
                         arrowprops={"arrowstyle": "->", "color": "0.4"})
-            ax.text(x - 1.05 + 0.4 * names.index(to), (bottom + to_top) / 2, f"{count}",
-                    fontsize=8, color="0.3", va="center")
+            ax.text(x + 0.15, (bottom + to_top) / 2, f"{count}", fontsize=8, color="0.3",
+                    va="center")
+        elif to != source:  # past a layer: around the boxes, on the left
+            _, to_bottom, to_top = centres[to]
+            start, end = bottom + 0.65, (to_bottom + to_top) / 2
+            ax.plot([0.15, -0.15, -0.15], [start, start, end], color="0.4", linewidth=1)
+            ax.annotate("", xy=(0.15, end), xytext=(-0.15, end),
+                        arrowprops={"arrowstyle": "->", "color": "0.4"})
+            ax.text(-0.3, (start + end) / 2, f"{count}", fontsize=8, color="0.3",
+                    va="center", ha="right")
     ax.set_title(f"Stage {last}: the three layers, and #include lines between them "
                  "(arrows point down only)", fontsize=9)
     fig.tight_layout()
@@ -147,13 +148,11 @@ def draw_stages(path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    chapters = _chapters()
+    chapters = chapters()
     numbers = [c["number"] for c in chapters]
     counts = [lines_per_layer(_stage(n)) for n in numbers]
-    added = []
-    for n in numbers:
-        stat = BUILD / "diffs" / f"stage-{n:02d}.stat.json"
-        added.append(json.loads(stat.read_text())["insertions"] if stat.exists() else None)
+    totals = [sum(c) for c in counts]
+    added = [total - previous for total, previous in zip(totals, [0, *totals[:-1]])]
 
     fig, ax = plt.subplots(figsize=(7.5, 3.4))
     bottom = [0] * len(numbers)
@@ -162,9 +161,8 @@ def draw_stages(path: Path) -> None:
         ax.bar(numbers, heights, bottom=bottom, color=COLOURS[index], label=name, width=0.75)
         bottom = [b + h for b, h in zip(bottom, heights)]
     for n, top, plus in zip(numbers, bottom, added):
-        if plus is not None:
-            ax.text(n, top + max(bottom) * 0.01, f"+{plus}", ha="center", va="bottom",
-                    fontsize=6.5, rotation=90)
+        ax.text(n, top + max(bottom) * 0.01, f"{plus:+}", ha="center", va="bottom",
+                fontsize=6.5, rotation=90)
     ax.set_xticks(numbers)
     ax.tick_params(axis="x", labelsize=8)
     ax.set_xlabel("stage (= the code a reader has after that chapter)")
@@ -172,7 +170,7 @@ def draw_stages(path: Path) -> None:
     ax.set_ylim(0, max(bottom) * 1.18)
     ax.legend(loc="upper left", fontsize=8, frameon=False)
     ax.set_title("One marked source tree, split into a snapshot per chapter; "
-                 "+N: lines the chapter's diff adds", fontsize=9)
+                 "+N: the lines each chapter adds (net)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
