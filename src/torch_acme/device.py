@@ -75,7 +75,14 @@ def synchronize(device=None) -> None:
     """
     import torch
 
-    torch.accelerator.synchronize(_index_or_current(device))
+    index = _index_or_current(device)
+    # PyTorch skips synchronizing a device type nothing has initialized yet,
+    # without looking at the index: checked here, as torch.cuda does.
+    if not 0 <= index < device_count():
+        raise RuntimeError(f"{torch._C._get_privateuse1_backend_name()}: invalid device index "
+                           f"{index}: there are {device_count()} "
+                           f"{torch._C._get_privateuse1_backend_name()} devices")
+    torch.accelerator.synchronize(index)
 #< ch18 synchronize
 
 
