@@ -148,8 +148,7 @@ def draw_stages(path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    chapters = chapters()
-    numbers = [c["number"] for c in chapters]
+    numbers = [c["number"] for c in chapters()]
     counts = [lines_per_layer(_stage(n)) for n in numbers]
     totals = [sum(c) for c in counts]
     added = [total - previous for total, previous in zip(totals, [0, *totals[:-1]])]
