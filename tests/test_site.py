@@ -133,7 +133,7 @@ def test_every_page_loads_cleanly_and_fits(site, server, browser):
             if name == "desktop":
                 weights[path] = visit.weight(site, server)
             visit.close()
-    # Page weight, for the record: every byte a first visit fetches.
+    # Page weight, for the record: the page and every file it loads or references.
     report = BUILD / "site-weights.json"
     report.write_text(json.dumps(weights, indent=1) + "\n")
     chapter_weights = [weights[chapter_page(c)] for c in CHAPTERS]
