@@ -140,24 +140,30 @@ at::Tensor host_side(DeviceViews& views, const at::Tensor& t, bool as_integers =
 // reading and writing device memory through the views. (The stubs
 // themselves are not exported; the checked entry points that call them for
 // a tensor's device are, and for the views that device is the CPU.)
-void quantize_per_tensor_kernel(const at::Tensor& rtensor, at::Tensor& qtensor, double scale,
-                                int64_t zero_point) {
+using PerTensor = at::Tensor& (*)(const at::Tensor&, at::Tensor&, double, int64_t);
+
+void per_tensor(PerTensor cpu_kernel, const char* name, const at::Tensor& in, at::Tensor& out,
+                double scale, int64_t zero_point) {
+  const at::Tensor& device_side = in.device().type() == kAcme ? in : out;
   DeviceViews view(DeviceViews::kForLaunch);
-  launch_kernel(qtensor.device().index(), "quantize_per_tensor",
-                [r = host_side(view, rtensor), q = host_side(view, qtensor), scale, zero_point] {
-                  at::Tensor out = q;
-                  at::native::quantize_tensor_per_tensor_affine(r, out, scale, zero_point);
+  launch_kernel(device_side.device().index(), name,
+                [cpu_kernel, i = host_side(view, in), o = host_side(view, out), scale,
+                 zero_point] {
+                  at::Tensor result = o;
+                  cpu_kernel(i, result, scale, zero_point);
                 });
 }
 
-void dequantize_per_tensor_kernel(const at::Tensor& qtensor, at::Tensor& rtensor, double scale,
+void quantize_per_tensor_kernel(const at::Tensor& r, at::Tensor& q, double scale,
+                                int64_t zero_point) {
+  per_tensor(&at::native::quantize_tensor_per_tensor_affine, "quantize_per_tensor", r, q,
+             scale, zero_point);
+}
+
+void dequantize_per_tensor_kernel(const at::Tensor& q, at::Tensor& r, double scale,
                                   int64_t zero_point) {
-  DeviceViews view(DeviceViews::kForLaunch);
-  launch_kernel(qtensor.device().index(), "dequantize_per_tensor",
-                [q = host_side(view, qtensor), r = host_side(view, rtensor), scale, zero_point] {
-                  at::Tensor out = r;
-                  at::native::dequantize_tensor_per_tensor_affine(q, out, scale, zero_point);
-                });
+  per_tensor(&at::native::dequantize_tensor_per_tensor_affine, "dequantize_per_tensor", q, r,
+             scale, zero_point);
 }
 //< ch22 stubs
 
