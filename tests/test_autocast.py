@@ -18,6 +18,7 @@ import torch
 
 import torch_acme
 from autocast_cases import LOW, MIXES, RECIPES, expected_dtype, make_inputs
+from conftest import dispatch_row
 
 STAGE = importlib.import_module("torch_acme._build_info").STAGE
 pytestmark = pytest.mark.skipif(STAGE < 4, reason="chapter 4's autocast is not in this stage")
@@ -38,19 +39,15 @@ def on_cpu_autocast(op: str, mix: str, low: torch.dtype) -> torch.Tensor:
         return RECIPES[op](make_inputs("cpu", mix, low))
 
 
-def autocast_row(op: str) -> str:
-    rows = torch._C._dispatch_dump_table(op).splitlines()
-    return [row for row in rows if row.startswith("AutocastPrivateUse1:")][0]
-
-
 def test_the_table_is_what_the_dispatcher_has():
     registered = {name for name in torch._C._dispatch_get_all_op_names()
                   if torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastPrivateUse1")}
     assert registered == set(POLICIES), registered ^ set(POLICIES)
     for op in POLICIES:
-        row = autocast_row(op)
+        row = dispatch_row(op, "AutocastPrivateUse1")
         assert "autocast.cpp" in row and "[kernel]" in row, row
-    assert "fallthrough" in autocast_row("aten::sin")  # every other op skips the key
+    # Every other op skips the key.
+    assert "fallthrough" in dispatch_row("aten::sin", "AutocastPrivateUse1")
 
 
 def test_every_op_of_the_table_has_a_recipe():
