@@ -47,11 +47,13 @@ def _sources(stage: Path):
             yield relative, path
 
 
-def lines_per_layer(stage: Path) -> list[int]:
-    counts = [0] * len(LAYERS)
+def layer_sizes(stage: Path) -> tuple[list[int], list[int]]:
+    """Files and lines of source in each layer."""
+    files, lines = [0] * len(LAYERS), [0] * len(LAYERS)
     for relative, path in _sources(stage):
-        counts[_layer(relative)] += len(path.read_text().splitlines())
-    return counts
+        files[_layer(relative)] += 1
+        lines[_layer(relative)] += len(path.read_text().splitlines())
+    return files, lines
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
@@ -93,10 +95,7 @@ def draw_layers(path: Path) -> None:
             raise ExtensionError(f"{count} #include lines in the {source} reach up to the {to}")
     if edges.get((names[0], PYTORCH)):
         raise ExtensionError("the vendor runtime includes PyTorch headers")
-    files = [0] * len(LAYERS)
-    for relative, _ in _sources(stage):
-        files[_layer(relative)] += 1
-    lines = lines_per_layer(stage)
+    files, lines = layer_sizes(stage)
 
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     ax.set_xlim(-0.7, 10)
@@ -149,7 +148,7 @@ def draw_stages(path: Path) -> None:
     import matplotlib.pyplot as plt
 
     numbers = [c["number"] for c in chapters()]
-    counts = [lines_per_layer(_stage(n)) for n in numbers]
+    counts = [layer_sizes(_stage(n))[1] for n in numbers]
     totals = [sum(c) for c in counts]
     added = [total - previous for total, previous in zip(totals, [0, *totals[:-1]])]
 
