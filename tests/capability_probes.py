@@ -348,13 +348,26 @@ def ch22_quantization():
             and torch.equal(q.dequantize().cpu(), moved.cpu().dequantize()))
 
 
+def ch23_capstone():
+    import torch
+    import torch_acme  # noqa: F401
+
+    # SyncBatchNorm's per-process statistics on acme. (Before: PyTorch has this
+    # operator for CUDA only, so not even the CPU fallback could run it.)
+    x = torch.randn(4, 3, 5, 5)
+    mean, invstd = torch.batch_norm_stats(x.to(device()), 1e-5)
+    var, expected_mean = torch.var_mean(x, dim=(0, 2, 3), correction=0)
+    return (torch.allclose(mean.cpu(), expected_mean, atol=1e-6)
+            and torch.allclose(invstd.cpu(), (var + 1e-5).rsqrt(), rtol=1e-5))
+
+
 PROBES = {0: ch00_runtime, 1: ch01_minimal_ops, 2: ch02_cpu_fallback, 3: ch03_autograd,
           4: ch04_autocast, 5: ch05_generator, 6: ch06_device_guard, 7: ch07_serialization,
           8: ch08_renaming, 9: ch09_generated_methods, 10: ch10_native_kernels,
           11: ch11_hooks, 12: ch12_memory, 13: ch13_routed_ops,
           14: ch14_conformance, 15: ch15_custom_ops, 16: ch16_storage, 17: ch17_packaging,
           18: ch18_async, 19: ch19_profiler, 20: ch20_compile,
-          21: ch21_distributed, 22: ch22_quantization}
+          21: ch21_distributed, 22: ch22_quantization, 23: ch23_capstone}
 
 
 def main():

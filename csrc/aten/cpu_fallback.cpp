@@ -198,21 +198,33 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 //< ch02 register-per-op
 
-//> ch13 register-cpu-kernels
-// The same trap as abs, found by a scan rather than by a bug report: ops with
-// both a CPU kernel and a CompositeExplicitAutograd one. acme, having no kernel
-// of its own, got the composite, which can round differently from the CPU's
-// kernel (native_layer_norm over one element: 1e-4 apart in float32). Through
-// the fallback acme runs the CPU's kernel and matches it bit for bit.
-// tests/test_routed_ops.py repeats the scan, so a new such op fails a test.
+//> ch13 register-cpu-kernels < ch23 register-cpu-kernels
+// // The same trap as abs, found by a scan rather than by a bug report: ops with
+// // both a CPU kernel and a CompositeExplicitAutograd one. acme, having no kernel
+// // of its own, got the composite, which can round differently from the CPU's
+// // kernel (native_layer_norm over one element: 1e-4 apart in float32). Through
+// // the fallback acme runs the CPU's kernel and matches it bit for bit.
+// // tests/test_routed_ops.py repeats the scan, so a new such op fails a test.
+// TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+//   for (const char* name :
+//        {"native_layer_norm", "native_group_norm", "addr", "addr.out", "_stack", "_stack.out",
+//         "all.dims", "all.dims_out", "any.dims", "any.dims_out", "linalg__powsum"}) {
+//     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&acme::cpu_fallback>());
+//   }
+// }
+//< ch13 register-cpu-kernels
+//> ch23 register-cpu-kernels
+// Chapter 13's list, less native_layer_norm: chapter 23 gives it a kernel that
+// runs on device memory (training_kernels.cpp). The rest keep the CPU's kernel
+// through the fallback, for the reason chapter 13 gives.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name :
-       {"native_layer_norm", "native_group_norm", "addr", "addr.out", "_stack", "_stack.out",
-        "all.dims", "all.dims_out", "any.dims", "any.dims_out", "linalg__powsum"}) {
+       {"native_group_norm", "addr", "addr.out", "_stack", "_stack.out", "all.dims",
+        "all.dims_out", "any.dims", "any.dims_out", "linalg__powsum"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&acme::cpu_fallback>());
   }
 }
-//< ch13 register-cpu-kernels
+//< ch23 register-cpu-kernels
 
 //> ch14 register-cpu-kernels-implicit
 // The other half of the trap, found by chapter 14's run (silu's gradient in

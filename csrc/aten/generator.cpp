@@ -3,8 +3,8 @@
 // PyTorch (hooks.cpp), and the op that lets Python reach them.
 #include "aten/generator.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <cstring>
@@ -46,8 +46,12 @@ AcmeGeneratorImpl* AcmeGeneratorImpl::clone_impl() const {
 
 //> ch05 state
 // The state travels as a CPU uint8 tensor, as for every PyTorch generator.
+// Made by the CPU allocator directly, not through the dispatcher: a state read
+// while torch.compile traces (under a fake-tensor mode) must still be real.
 c10::intrusive_ptr<c10::TensorImpl> AcmeGeneratorImpl::get_state() const {
-  at::Tensor state = at::empty({static_cast<int64_t>(kStateBytes)}, at::kByte);
+  at::Tensor state = at::detail::empty_cpu({static_cast<int64_t>(kStateBytes)}, at::kByte,
+                                           std::nullopt, std::nullopt, std::nullopt,
+                                           std::nullopt);
   auto* bytes = state.mutable_data_ptr<uint8_t>();
   std::memcpy(bytes, &seed_, sizeof seed_);
   std::memcpy(bytes + sizeof seed_, &offset_, sizeof offset_);

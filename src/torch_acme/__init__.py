@@ -78,6 +78,10 @@ compiler_hooks.install()
 # torch.distributed: a collective backend for acme tensors.
 from . import distributed
 #< ch21 register-distributed
+#> ch23 checkpoint-rng
+# Dropout inside compiled activation checkpointing: PyTorch's RNG wrappers.
+from . import checkpoint_rng
+#< ch23 checkpoint-rng
 #< ch01 device-module
 
 __all__ = [

@@ -1,0 +1,109 @@
+"""Chapter 23: tools/train.py, written for torch.cuda, runs unchanged on acme.
+
+Every run is the script itself in a fresh process that sees the last stage as
+installed (tools/train_runs.py): on the CPU with --device cpu, on acme by
+torch.accelerator's choice. No run may reach the CPU fallback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from conftest import BUILD, LAST, ROOT, stage_dir, stage_path
+
+if LAST < 23:
+    pytest.skip("the last stage predates chapter 23", allow_module_level=True)
+
+sys.path.insert(0, str(ROOT / "tools"))
+import train_runs  # noqa: E402
+
+# Two epochs of 8 steps: enough to see a curve, cheap enough for every run.
+SMALL = ("--samples", "256", "--epochs", "2")
+STEPS = 16
+# How far the two devices' losses may drift apart over 16 steps: float32
+# rounding, or the half-precision type's (bfloat16 keeps 8 bits, float16 11).
+TOLERANCE = {"off": 1e-5, "bf16": 2e-2, "fp16": 1e-2}
+
+
+@pytest.fixture(scope="module")
+def site():
+    return train_runs.installed(stage_dir(LAST), stage_path(LAST) / "torch_acme",
+                                BUILD / "installed" / f"stage-{LAST:02d}")
+
+
+def on_acme(run: train_runs.Run) -> train_runs.Run:
+    """A finished run that trained on acme:0, every op on the device."""
+    run.check()
+    assert {row["device"] for row in run.metrics} == {"acme:0"}
+    assert run.fallback_ops == [], run.fallback_ops
+    return run
+
+
+def assert_curves_agree(cpu: list[float], acme: list[float], rtol: float) -> None:
+    assert len(cpu) == len(acme) == STEPS
+    worst = max(abs(a - c) / abs(c) for a, c in zip(acme, cpu))
+    assert worst <= rtol, (worst, cpu, acme)
+    assert cpu[-1] < 0.9 * cpu[0], f"the model did not learn: {cpu}"
+
+
+@pytest.mark.parametrize("model,amp", [("cnn", "off"), ("lm", "off"), ("cnn", "fp16"),
+                                       ("lm", "bf16")])
+def test_acme_follows_the_cpu(site, tmp_path, model, amp):
+    # Dropout off: the two devices' generators draw different masks (as CUDA's
+    # and the CPU's do), so only a run without randomness can match.
+    args = (*SMALL, "--model", model, "--amp", amp, "--dropout", "0")
+    cpu = train_runs.train(site, tmp_path, *args, "--device", "cpu").check()
+    assert {row["device"] for row in cpu.metrics} == {"cpu"}
+    acme = on_acme(train_runs.train(site, tmp_path, *args))
+    assert_curves_agree(cpu.losses, acme.losses, TOLERANCE[amp])
+
+
+@pytest.mark.parametrize("model", ["cnn", "lm"])
+def test_compiled_follows_the_cpu(site, tmp_path, model):
+    # The LM compiles with activation checkpointing around its blocks.
+    args = (*SMALL, "--model", model, "--dropout", "0")
+    cpu = train_runs.train(site, tmp_path, *args, "--device", "cpu").check()
+    acme = on_acme(train_runs.train(site, tmp_path, *args, "--compile"))
+    assert_curves_agree(cpu.losses, acme.losses, TOLERANCE["off"])
+
+
+def test_same_seed_same_run_and_a_killed_run_resumes(site, tmp_path):
+    # Dropout on, inside checkpointed blocks; fused AdamW; a checkpoint per epoch.
+    args = ("--samples", "256", "--epochs", "3", "--model", "lm", "--fused")
+    full = on_acme(train_runs.train(site, tmp_path / "full", *args))
+    killed, resumed = train_runs.train_killed(site, tmp_path / "killed", *args, after_epochs=1)
+    assert killed.returncode == -9  # SIGKILL, mid-epoch
+    assert killed.fallback_ops == []
+    on_acme(resumed)
+    by_step = {row["step"]: row["loss"] for row in full.metrics}
+    assert len(by_step) == 24
+    # Up to the kill, a second run with the same seed: the same losses, bit for bit.
+    assert [row["loss"] for row in killed.metrics] == [by_step[row["step"]]
+                                                       for row in killed.metrics]
+    # Resumed from the end of epoch 1: the steps after it exactly as if never stopped.
+    assert [row["step"] for row in resumed.metrics] == list(range(8, 24))
+    assert [row["loss"] for row in resumed.metrics] == [by_step[s] for s in range(8, 24)]
+    assert killed.metrics[-1]["epoch"] == 1  # killed after the checkpoint, mid-epoch
+
+
+def test_ddp_on_two_processes_matches_one(site, tmp_path):
+    # SyncBatchNorm (under DDP the script converts BatchNorm) and DDP's
+    # gradient averaging: the two ranks' half batches make the one batch.
+    args = (*SMALL, "--model", "cnn", "--dropout", "0")
+    one = on_acme(train_runs.train(site, tmp_path / "one", *args, "--save", "one.pt"))
+    two = train_runs.train(site, tmp_path / "two", *args, "--save", "two.pt", ranks=2)
+    on_acme(two)
+    # Float32 still, but summed in another order (per rank, then across ranks;
+    # SyncBatchNorm pools the ranks' variances), which AdamW's steps amplify.
+    assert_curves_agree(one.losses, two.losses, 1e-4)
+    a = torch.load(tmp_path / "one" / "one.pt")
+    b = torch.load(tmp_path / "two" / "two.pt")
+    assert a.keys() == b.keys()
+    # AdamW moves a weight by about lr (3e-3) a step whatever its gradient's
+    # size: where a gradient is near zero, rounding alone can steer the step.
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-3,
+                                   msg=lambda m, name=name: f"{name}: {m}")
