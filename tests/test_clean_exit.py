@@ -1,4 +1,4 @@
-"""A script that ends right after backward() on acme exits cleanly.
+"""Chapter 3: a script that ends right after backward() on acme exits cleanly.
 
 Upstream PyTorch can abort at exit when an autograd device thread frees the
 last Python tensor of a finished graph during interpreter finalization; acme

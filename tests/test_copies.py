@@ -1,4 +1,4 @@
-"""Copies between acme and the CPU for layouts the chapters only sample."""
+"""Chapter 1: copies between acme and the CPU, for layouts the chapters only sample."""
 
 import pytest
 import torch

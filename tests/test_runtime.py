@@ -1,4 +1,4 @@
-"""The acme vendor runtime, driven from Python through torch_acme._C.runtime.
+"""Chapter 0: the acme vendor runtime, driven from Python through torch_acme._C.runtime.
 
 The pytest process runs with the default configuration (2 devices, 16 GiB,
 checked mode); anything that needs another environment runs in a subprocess.

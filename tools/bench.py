@@ -74,6 +74,7 @@ TARGETS = {
     "compiled_speedup": 2.0,  # 8 elementwise ops on 1M: eager acme / compiled acme >= 2
     "compiled_vs_cpu": 1.2,   # ... compiled acme / compiled CPU <= 1.2 (chapter 20)
     "ddp_vs_gloo": 1.2,  # a DDP step on 2 processes, acme / gloo on CPU tensors (chapter 21)
+    "training": 0.9,  # tools/train.py steps per second, acme / CPU, each model (chapter 23)
 }
 
 
@@ -414,6 +415,38 @@ def distributed_figures(quick: bool) -> dict:
     return figures
 
 
+def training_figures(quick: bool) -> dict:
+    """Chapter 23: tools/train.py itself, steps per second over its last epoch
+    (compilation and warm-up done), acme against the CPU. Each round runs the
+    two devices back to back, each in a fresh process with the newest stage
+    installed (tools/train_runs.py); the ratio is the median of the rounds'."""
+    import train_runs  # beside this file
+
+    site = train_runs.installed(BUILD / "stages" / f"stage-{NATIVE:02d}",
+                                BUILD / "packages" / f"stage-{NATIVE:02d}" / "torch_acme",
+                                BUILD / "installed" / f"stage-{NATIVE:02d}")
+    rounds, epochs = (1, 2) if quick else (3, 3)
+    # 1,024 samples: 32 steps an epoch, so the epoch timed is not over in a blink.
+    figures = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for model in ("cnn", "lm"):
+            for compiled in (False, True):
+                args = ("--model", model, "--epochs", str(epochs), "--samples", "1024",
+                        *(["--compile"] if compiled else []))
+                cpu, acme = [], []
+                for _ in range(rounds):
+                    cpu.append(train_runs.steps_per_second(train_runs.train(
+                        site, Path(folder), *args, "--device", "cpu").check()))
+                    run = train_runs.train(site, Path(folder), *args).check()
+                    assert not run.fallback_ops, run.fallback_ops
+                    acme.append(train_runs.steps_per_second(run))
+                ratios = [a / c for a, c in zip(acme, cpu)]
+                figures[f"{model} {'compiled' if compiled else 'eager'}"] = {
+                    "cpu_steps_s": statistics.median(cpu), "acme_steps_s": statistics.median(acme),
+                    "ratio": statistics.median(ratios), "ratios": ratios}
+    return figures
+
+
 # ---- build figures -------------------------------------------------------------------
 
 
@@ -739,6 +772,22 @@ def distributed_section(results: dict) -> list[str]:
             *sizes, "", "<!-- plot: allreduce_bandwidth.png -->", ""]
 
 
+def training_section(results: dict) -> list[str]:
+    """Chapter 23's figures: the training script, checked mode."""
+    t = results.get("training")
+    if not t:
+        return []
+    rows = [f"| {name} | {f['cpu_steps_s']:.1f} | {f['acme_steps_s']:.1f} | {f['ratio']:.2f} "
+            f"({min(f['ratios']):.2f}-{max(f['ratios']):.2f}) | "
+            f"{verdict(f['ratio'] >= TARGETS['training'])} |" for name, f in t.items()]
+    return [f"**Training** (stage {NATIVE}, chapter 23, checked mode). `tools/train.py`, "
+            "unchanged, with its defaults (batch 32, AdamW, two DataLoader workers, dropout "
+            "0.1, checkpointed transformer blocks): steps per second over its last epoch, "
+            f"on the CPU and on acme. Target: acme / CPU >= {TARGETS['training']}.", "",
+            "| model | CPU steps/s | acme steps/s | acme / CPU | target |",
+            "| --- | --- | --- | --- | --- |", *rows, ""]
+
+
 def report(results: dict) -> str:
     m = results["machine"]
     runs = results["runs"]
@@ -786,7 +835,7 @@ def report(results: dict) -> str:
                      f"{max(f['ratios']):.2f}) |")
     lines += ["", "<!-- plot: fallback_copies.png -->", "", *memory_section(results),
               *async_section(results), *profiler_section(results), *compile_section(results),
-              *distributed_section(results),
+              *distributed_section(results), *training_section(results),
               "**Targets** (benchmarks, never asserted)", "",
               "| target | checked | unchecked |", "| --- | --- | --- |"]
     ratio = lambda t: f"{t['value']:.2f}x: {verdict(t['met'])}"  # noqa: E731
@@ -821,6 +870,8 @@ def report(results: dict) -> str:
          f"{TARGETS['compiled_vs_cpu']}x", "compiled_vs_cpu", ratio),
         (f"native (stage {NATIVE}) a DDP step on two processes, acme / gloo on CPU tensors <= "
          f"{TARGETS['ddp_vs_gloo']}x", "ddp_vs_gloo", ratio),
+        (f"native (stage {NATIVE}) tools/train.py steps per second, acme / CPU, the slowest of "
+         f"both models eager and compiled >= {TARGETS['training']}", "training", ratio),
     ]
     for name, key, show in rows:
         cells = []
@@ -1091,6 +1142,11 @@ def main() -> None:
         r = results["distributed"][mode(checked)]
         results["targets"][mode(checked)]["ddp_vs_gloo"] = {
             "value": r["ratio"], "met": r["ratio"] <= TARGETS["ddp_vs_gloo"]}
+    print(f"timing tools/train.py on acme and on the CPU (stage {NATIVE})", flush=True)
+    results["training"] = training_figures(args.quick)
+    results["targets"]["checked"]["training"] = {
+        "value": min(f["ratio"] for f in results["training"].values()),
+        "met": all(f["ratio"] >= TARGETS["training"] for f in results["training"].values())}
     results["imports"] = import_times(5 if args.quick else 15)
     if not args.skip_build:
         print("building every stage from scratch (several minutes)", flush=True)

@@ -147,6 +147,22 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def train_step(model, forward, optimizer, scaler, inputs, targets, amp_dtype=None):
+    """One optimizer step on one batch; returns the loss and the gradients' norm."""
+    autocast = (torch.autocast(inputs.device.type, dtype=amp_dtype) if amp_dtype
+                else contextlib.nullcontext())
+    with autocast:
+        logits = forward(inputs)
+        loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+    norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    scaler.step(optimizer)  # skipped if the gradients overflowed (float16)
+    scaler.update()
+    return loss, norm
+
+
 def main(argv=None):
     args = parse_args(argv)
     distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
@@ -207,17 +223,8 @@ def main(argv=None):
         for inputs, targets in loader:
             inputs = inputs.to(device, non_blocking=True)
             targets = targets.to(device, non_blocking=True)
-            autocast = (torch.autocast(device.type, dtype=amp_dtype) if amp_dtype
-                        else contextlib.nullcontext())
-            with autocast:
-                logits = forward(inputs)
-                loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
-            scaler.step(optimizer)
-            scaler.update()
+            loss, norm = train_step(model, forward, optimizer, scaler, inputs, targets,
+                                    amp_dtype)
             if distributed:  # report the global batch's loss, not this rank's share
                 loss = loss.detach().clone()
                 dist.all_reduce(loss)

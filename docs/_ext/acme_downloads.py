@@ -36,7 +36,7 @@ def _options(body: str) -> tuple[dict[str, str], str]:
 
 
 _INCLUDE_OPTIONS = {"language", "caption", "pyobject", "start-at", "start-after", "end-at",
-                    "end-before"}
+                    "end-before", "dedent"}
 _LANGUAGES = {".py": "python", ".cpp": "c++", ".h": "c++", ".toml": "toml"}
 
 
@@ -64,6 +64,10 @@ def _included(path: Path, options: dict[str, str]) -> str:
         if name in options:
             last = next(i for i, line in enumerate(lines) if options[name] in line)
             lines = lines[:last + 1 if keep else last]
+    if "dedent" in options:  # without a value: as far as every line allows
+        if options["dedent"]:
+            raise ValueError(f"literalinclude of {path.name}: only a bare :dedent: is supported")
+        return textwrap.dedent("\n".join(lines))
     return "\n".join(lines)
 
 

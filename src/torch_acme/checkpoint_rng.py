@@ -47,6 +47,7 @@ def _run_with(rng_state, op, *args, **kwargs):
         module.set_rng_state(current, index)
 
 
+#> ch23 rng-in-front
 def _in_front(hop, ours, device_of, tables):
     """Route `hop`'s device-type choices (`tables`: (table, key) pairs) to
     `ours` for acme tensors, everything else as before."""
@@ -70,3 +71,4 @@ _in_front(_save, _run_and_save, lambda args: (args[1:],),
 # run_with_rng_state(state, op, *args): the state is a CPU tensor; skip it.
 _in_front(_with, _run_with, lambda args: (args[2:],),
           [(_with.py_kernels, DispatchKey.BackendSelect)])
+#< ch23 rng-in-front
