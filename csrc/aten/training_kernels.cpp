@@ -27,31 +27,38 @@ constexpr auto kAcme = c10::DeviceType::PrivateUse1;
 
 //> ch23 device-of-arguments
 // The one acme device among an op's tensor arguments (lists included). Device
-// views pass CPU tensors through, so tensors of a second acme device would be
-// computed with silently: refuse them, as PyTorch's kernels do.
+// views pass CPU tensors through, so the CPU kernel would compute with a
+// second acme device's tensors, or a CPU tensor's, without a word: refuse
+// them, as PyTorch's kernels do. A CPU scalar (0-dim) stays allowed, as do
+// CPU index tensors (a list of optional tensors: aten::index's indices).
 c10::Device device_of_arguments(const c10::OperatorHandle& op,
                                 const std::vector<c10::IValue>& args) {
   std::optional<c10::Device> device;
-  auto note = [&](const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kAcme) return;
+  std::optional<c10::Device> other;
+  auto note = [&](const at::Tensor& t, bool cpu_allowed) {
+    if (!t.defined()) return;
+    if (t.device().type() != kAcme) {
+      if (!cpu_allowed && t.dim() > 0 && !other) other = t.device();
+      return;
+    }
     if (!device) device = t.device();
-    TORCH_CHECK(t.device() == *device,
-                "Expected all tensors to be on the same device, but found at least two "
-                "devices, ", *device, " and ", t.device(), "! (in the ", kAcme, " kernel for ",
-                op.schema().operator_name(), ")");
+    if (t.device() != *device && !other) other = t.device();
   };
   for (const c10::IValue& v : args) {
     if (v.isTensor()) {
-      note(v.toTensor());
+      note(v.toTensor(), false);
     } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList()) note(t);
+      for (const at::Tensor& t : v.toTensorList()) note(t, false);
     } else if (v.isOptionalTensorList()) {
       for (const std::optional<at::Tensor> t : v.toOptionalTensorList())
-        if (t) note(*t);
+        if (t) note(*t, true);
     }
   }
   TORCH_INTERNAL_ASSERT(device, kAcme, " kernel for ", op.schema().operator_name(),
                         " called without an ", kAcme, " tensor");
+  TORCH_CHECK(!other, "Expected all tensors to be on the same device, but found at least two "
+              "devices, ", *device, " and ", *other, "! (in the ", kAcme, " kernel for ",
+              op.schema().operator_name(), ")");
   return *device;
 }
 //< ch23 device-of-arguments
