@@ -11,6 +11,8 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/var_mean.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -42,12 +44,24 @@ at::ScalarType compute_type(const at::Tensor& input) {
   return at::toOpMathType(input.scalar_type());
 }
 
+// 1 / sqrt(var + eps); 0 for a constant channel with eps 0, as batch norm's
+// kernels give (the output is then the bias), not infinity.
+at::Tensor inverse_std(const at::Tensor& var, double eps) {
+  if (eps != 0) return (var + eps).rsqrt();
+  return at::where(var == 0, at::zeros_like(var), var.rsqrt());
+}
+
+void check_same_type(const at::Tensor& mean, const at::Tensor& invstd) {
+  TORCH_CHECK(mean.scalar_type() == invstd.scalar_type(),
+              "mean and invstd need to have the same data types");
+}
+
 std::tuple<at::Tensor, at::Tensor> batch_norm_stats(const at::Tensor& input, double eps) {
   check_same_device("aten::batch_norm_stats", input.device(), {input});
   DeviceViews view;
   const at::Tensor x = view(input).to(compute_type(input));
   const auto [var, mean] = at::var_mean(x, all_but_channels(input), /*correction=*/0);
-  return {on_device(mean, input.device()), on_device((var + eps).rsqrt(), input.device())};
+  return {on_device(mean, input.device()), on_device(inverse_std(var, eps), input.device())};
 }
 
 // Each process's (mean, invstd, count) -> the global batch's, and the running
@@ -61,23 +75,33 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_gather_stats_with_counts(
   const at::Tensor& rv = running_var ? *running_var : none;
   check_same_device("aten::batch_norm_gather_stats_with_counts", input.device(),
                     {mean_all, invstd_all, counts, rm, rv});
+  // CUDA's checks: one row of statistics per process, and a count for each.
+  TORCH_CHECK(mean_all.dim() == 2, "batch_norm_gather_stats_with_counts: mean must be 2-D "
+              "(processes x channels), got ", mean_all.dim(), " dimensions");
+  TORCH_CHECK(invstd_all.sizes() == mean_all.sizes(), "batch_norm_gather_stats_with_counts: "
+              "invstd ", invstd_all.sizes(), " and mean ", mean_all.sizes(), " must match");
+  const int64_t world = mean_all.size(0);
+  TORCH_CHECK(counts.numel() >= world, "batch_norm_gather_stats_with_counts: ", world,
+              " processes' statistics but ", counts.numel(), " counts");
   DeviceViews view;
   const at::Tensor means = view(mean_all), invstds = view(invstd_all);
-  const at::Tensor n = view(counts).to(means.scalar_type()).view({-1, 1});  // [world, 1]
+  const at::Tensor n =  // [world, 1]
+      view(counts).reshape(-1).narrow(0, 0, world).to(means.scalar_type()).view({-1, 1});
   const at::Tensor total = n.sum();
   const at::Tensor mean = (means * n).sum(0) / total;
   // Each process's biased variance back from its invstd, then the pooled one.
   const at::Tensor var_each = invstds.pow(-2) - eps;
   const at::Tensor var = ((var_each + (means - mean).pow(2)) * n).sum(0) / total;
+  // Updated in the compute type and rounded once, as CUDA's kernel does.
   if (rm.defined()) {
     at::Tensor r = view(rm);
-    r.mul_(1 - momentum).add_(mean.to(r.scalar_type()), momentum);
+    r.copy_(r.to(mean.scalar_type()) * (1 - momentum) + mean * momentum);
   }
   if (rv.defined()) {
     at::Tensor r = view(rv);
-    r.mul_(1 - momentum).add_((var * total / (total - 1)).to(r.scalar_type()), momentum);
+    r.copy_(r.to(var.scalar_type()) * (1 - momentum) + var * total / (total - 1) * momentum);
   }
-  return {on_device(mean, input.device()), on_device((var + eps).rsqrt(), input.device())};
+  return {on_device(mean, input.device()), on_device(inverse_std(var, eps), input.device())};
 }
 
 at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Tensor>& weight,
@@ -105,6 +129,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_r
   const at::Tensor& w = weight ? *weight : none;
   check_same_device("aten::batch_norm_backward_reduce", input.device(),
                     {grad_out, mean, invstd, w});
+  check_same_type(mean, invstd);
   DeviceViews view;
   const at::Tensor x = view(input).to(compute_type(input));
   const at::Tensor dy = view(grad_out).to(x.scalar_type());
@@ -131,6 +156,7 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
   const at::Tensor& w = weight ? *weight : none;
   check_same_device("aten::batch_norm_backward_elemt", input.device(),
                     {grad_out, mean, invstd, w, sum_dy, sum_dy_xmu, count});
+  check_same_type(mean, invstd);
   DeviceViews view;
   const at::Tensor x = view(input).to(compute_type(input));
   const at::Tensor dy = view(grad_out).to(x.scalar_type());

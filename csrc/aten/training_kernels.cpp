@@ -7,6 +7,7 @@
 // on device views of the arguments, writing in-place and out= results
 // straight into device memory. One boxed kernel serves them all; a vendor
 // registers its own kernel per op at the same names.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/Resize.h>
@@ -15,6 +16,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -29,29 +31,34 @@ constexpr auto kAcme = c10::DeviceType::PrivateUse1;
 // The one acme device among an op's tensor arguments (lists included). Device
 // views pass CPU tensors through, so the CPU kernel would compute with a
 // second acme device's tensors, or a CPU tensor's, without a word: refuse
-// them, as PyTorch's kernels do. A CPU scalar (0-dim) stays allowed, as do
-// CPU index tensors (a list of optional tensors: aten::index's indices).
+// them, as PyTorch's kernels do. A CPU scalar (0-dim) input stays allowed, as
+// do CPU index tensors (a list of optional tensors: aten::index's indices);
+// what the op writes must be on the device.
 c10::Device device_of_arguments(const c10::OperatorHandle& op,
                                 const std::vector<c10::IValue>& args) {
+  const auto& arguments = op.schema().arguments();
   std::optional<c10::Device> device;
   std::optional<c10::Device> other;
   auto note = [&](const at::Tensor& t, bool cpu_allowed) {
     if (!t.defined()) return;
     if (t.device().type() != kAcme) {
-      if (!cpu_allowed && t.dim() > 0 && !other) other = t.device();
+      if (!cpu_allowed && !other) other = t.device();
       return;
     }
     if (!device) device = t.device();
     if (t.device() != *device && !other) other = t.device();
   };
-  for (const c10::IValue& v : args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    const auto* alias = arguments[i].alias_info();
+    const bool written = alias != nullptr && alias->isWrite();
     if (v.isTensor()) {
-      note(v.toTensor(), false);
+      note(v.toTensor(), !written && v.toTensor().dim() == 0);
     } else if (v.isTensorList()) {
       for (const at::Tensor& t : v.toTensorList()) note(t, false);
     } else if (v.isOptionalTensorList()) {
       for (const std::optional<at::Tensor> t : v.toOptionalTensorList())
-        if (t) note(*t, true);
+        if (t) note(*t, !written);
     }
   }
   TORCH_INTERNAL_ASSERT(device, kAcme, " kernel for ", op.schema().operator_name(),
@@ -66,48 +73,87 @@ c10::Device device_of_arguments(const c10::OperatorHandle& op,
 //> ch23 on-device-kernel
 // Runs the op's CPU kernel on device views (which wait for the device's
 // stream first, like any host access). Three kinds of result:
-//  - in-place arguments are device views already: written where they live;
-//  - out= arguments get a CPU result the kernel may resize as it likes, then
-//    the device tensor is resized the same way (resize_output) and filled;
+//  - in-place arguments are device views: written where they live;
+//  - an out= argument is a device view too when it has elements, so the CPU
+//    kernel checks overlap and resizes as it would on the CPU. An empty one
+//    (the usual case), or one the result outgrows, gets a CPU result the
+//    kernel sizes as it likes; the device tensor takes its shape and strides
+//    and is filled from it;
 //  - new results come back as CPU tensors and move to the device.
 void on_device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto& arguments = schema.arguments();
-  const auto first = stack->end() - static_cast<std::ptrdiff_t>(arguments.size());
-  const std::vector<c10::IValue> originals(first, stack->end());
+  const size_t base = stack->size() - arguments.size();
+  const std::vector<c10::IValue> originals(stack->begin() + static_cast<std::ptrdiff_t>(base),
+                                           stack->end());
   const c10::Device device = device_of_arguments(op, originals);
 
   DeviceViews view;
-  std::vector<std::pair<size_t, at::Tensor>> out_results;  // (argument, CPU result)
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    c10::IValue& v = first[static_cast<std::ptrdiff_t>(i)];
-    if (v.isTensor()) {
-      const at::Tensor t = v.toTensor();
-      if (arguments[i].is_out() && t.defined() && t.device().type() == kAcme) {
-        at::Tensor result = at::empty({0}, t.options().device(c10::kCPU));
-        out_results.emplace_back(i, result);
-        v = result;
+  std::vector<std::pair<size_t, at::Tensor>> outs;  // (argument, what the kernel wrote)
+  // The arguments on the stack again, as the CPU kernel takes them.
+  auto push_arguments = [&](bool view_outs) {
+    stack->resize(base);
+    outs.clear();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const c10::IValue& v = originals[i];
+      if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        const bool out = arguments[i].is_out() && t.defined();
+        stack->push_back(out && (t.numel() == 0 || !view_outs)
+                             ? at::empty({0}, t.options().device(c10::kCPU))
+                             : view(t));
+        if (out) outs.emplace_back(i, stack->back().toTensor());
+      } else if (v.isTensorList()) {
+        c10::List<at::Tensor> views;
+        for (const at::Tensor& t : v.toTensorList()) views.push_back(view(t));
+        stack->push_back(views);
+      } else if (v.isOptionalTensorList()) {
+        c10::List<std::optional<at::Tensor>> views;
+        for (const std::optional<at::Tensor> t : v.toOptionalTensorList())
+          views.push_back(t ? std::optional(view(*t)) : std::nullopt);
+        stack->push_back(views);
       } else {
-        v = view(t);
+        stack->push_back(v);
       }
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> views;
-      for (const at::Tensor& t : v.toTensorList()) views.push_back(view(t));
-      v = views;
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> views;
-      for (const std::optional<at::Tensor> t : v.toOptionalTensorList())
-        views.push_back(t ? std::optional(view(*t)) : std::nullopt);
-      v = views;
     }
+  };
+  push_arguments(/*view_outs=*/true);
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  } catch (const c10::Error& error) {
+    // The one thing a device view cannot do that a CPU tensor can: grow. The
+    // kernel resizes before it writes, so it runs again, out= into CPU results.
+    if (std::string(error.what()).find("not resizable") == std::string::npos) throw;
+    // A CPU result overlaps nothing, so first the check the kernel would have
+    // made after growing the out= tensor: it must not share an input's memory.
+    for (const auto& [i, written] : outs) {
+      for (size_t j = 0; j < originals.size(); ++j) {
+        if (j == i) continue;
+        const c10::IValue& v = originals[j];
+        if (v.isTensor() && v.toTensor().defined() && v.toTensor().device() == device)
+          at::assert_no_overlap(view(originals[i].toTensor()), view(v.toTensor()));
+        if (v.isTensorList())
+          for (const at::Tensor& t : v.toTensorList())
+            at::assert_no_overlap(view(originals[i].toTensor()), view(t));
+      }
+    }
+    push_arguments(/*view_outs=*/false);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   }
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
-  for (const auto& [i, result] : out_results) {
+  for (const auto& [i, written] : outs) {
     const at::Tensor& out = originals[i].toTensor();
-    at::native::resize_output(out, result.sizes());
-    DeviceViews after_resize;  // a resize may have given `out` new memory
-    after_resize(out).copy_(result);
+    auto* impl = out.unsafeGetTensorImpl();
+    if (!written.is_alias_of(view(out))) {
+      // A CPU result: the device tensor takes its shape and strides, then its values.
+      at::native::resize_output(out, written.sizes());
+      impl->set_sizes_and_strides(written.sizes(), written.strides(), out.storage_offset());
+      DeviceViews after_resize;  // the resize may have given `out` new memory
+      after_resize(out).copy_(written);
+    } else if (written.sizes() != out.sizes() || written.strides() != out.strides()) {
+      // The kernel shrank the view in place; the device tensor follows.
+      impl->set_sizes_and_strides(written.sizes(), written.strides(), written.storage_offset());
+    }
   }
   // A result that aliases an argument (in-place, out=) is that argument, the
   // device tensor; any other result is new, and moves to the device.
@@ -116,13 +162,14 @@ void on_device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t r = 0; r < returns.size(); ++r) {
     c10::IValue& v = results[static_cast<std::ptrdiff_t>(r)];
     if (const auto* alias = returns[r].alias_info(); alias && alias->isWrite()) {
-      for (size_t i = 0; i < arguments.size(); ++i) {
+      bool found = false;
+      for (size_t i = 0; i < arguments.size() && !found; ++i) {
         const auto* argument_alias = arguments[i].alias_info();
-        if (argument_alias && argument_alias->beforeSets() == alias->beforeSets()) {
-          v = originals[i];
-          break;
-        }
+        found = argument_alias && argument_alias->beforeSets() == alias->beforeSets();
+        if (found) v = originals[i];
       }
+      TORCH_INTERNAL_ASSERT(found, schema.operator_name(), ": result ", r,
+                            " aliases no argument");
     } else if (v.isTensor()) {
       v = on_device(v.toTensor(), device);
     } else if (v.isTensorList()) {

@@ -10,8 +10,9 @@ picking by device type from a table a backend cannot extend; on any other
 device tracing stops with "Backend not supported for acme". So acme adds its
 own implementations: a kernel for its dispatch key, and a wrapper in front of
 the two places that pick by device type (the BackendSelect kernel and the
-fake-tensor rule). Private PyTorch API, checked by tests/test_capstone.py
-against each release the book supports; upstream is the right home for it.
+fake-tensor rule). Private PyTorch API: chapter 23's run compiles the
+language model with dropout, so a PyTorch release that moves these tables
+fails it. Upstream is the right home for it.
 """
 
 from __future__ import annotations
