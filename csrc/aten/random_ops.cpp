@@ -91,7 +91,7 @@ uint64_t bits64(const PhiloxBlock& b, int first = 0) {
 
 // k / 2^53 with k uniform in [0, 2^53): a double in [0, 1).
 double uniform53(const PhiloxBlock& b, int first = 0) {
-  return std::ldexp(static_cast<double>(bits64(b, first) >> 11), -53);
+  return static_cast<double>(bits64(b, first) >> 11) * 0x1p-53;  // exact, as ldexp
 }
 
 // k / 2^digits, as many bits as scalar_t's mantissa holds: exactly
@@ -99,7 +99,7 @@ double uniform53(const PhiloxBlock& b, int first = 0) {
 template <typename scalar_t>
 double unit(const PhiloxBlock& b) {
   constexpr int digits = std::numeric_limits<scalar_t>::digits;
-  return std::ldexp(static_cast<double>(bits64(b) >> (64 - digits)), -digits);
+  return static_cast<double>(bits64(b) >> (64 - digits)) * (1.0 / (uint64_t{1} << digits));
 }
 
 // Box-Muller: two uniforms make one standard normal (its sine twin is dropped
