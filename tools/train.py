@@ -77,7 +77,10 @@ class ConvNet(nn.Module):
     def __init__(self, dropout: float):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            # No bias before a batch norm: it would cancel it (and AdamW would
+            # still move it, by rounding noise alone).
+            nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.MaxPool2d(2),
             nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
             nn.AdaptiveAvgPool2d(4))
         self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(32 * 16, 10))
