@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import BUILD, LAST, ROOT, stage_dir, stage_path
+from conftest import BUILD, LAST, ROOT
 
 if LAST < 23:
     pytest.skip("the last stage predates chapter 23", allow_module_level=True)
@@ -32,8 +32,7 @@ TOLERANCE = {"off": 1e-5, "bf16": 2e-2, "fp16": 1e-2}
 
 @pytest.fixture(scope="module")
 def site():
-    return train_runs.installed(stage_dir(LAST), stage_path(LAST) / "torch_acme",
-                                BUILD / "installed" / f"stage-{LAST:02d}")
+    return train_runs.installed(BUILD, LAST)
 
 
 def on_acme(run: train_runs.Run) -> train_runs.Run:

@@ -422,9 +422,7 @@ def training_figures(quick: bool) -> dict:
     installed (tools/train_runs.py); the ratio is the median of the rounds'."""
     import train_runs  # beside this file
 
-    site = train_runs.installed(BUILD / "stages" / f"stage-{NATIVE:02d}",
-                                BUILD / "packages" / f"stage-{NATIVE:02d}" / "torch_acme",
-                                BUILD / "installed" / f"stage-{NATIVE:02d}")
+    site = train_runs.installed(BUILD, NATIVE)
     rounds, epochs = (1, 2) if quick else (3, 3)
     # 1,024 samples: 32 steps an epoch, so the epoch timed is not over in a blink.
     figures = {}

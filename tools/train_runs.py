@@ -27,14 +27,21 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.endswith("}")]
 
 
-def installed(snapshot: Path, package: Path, dest: Path) -> Path:
-    """`dest`, a site folder holding the stage built at `package` (from the
-    sources at `snapshot`) as installed: made once, reused after."""
+def installed(build: Path, number: int) -> Path:
+    """A site folder holding stage `number` of the build folder `build` as
+    `pip install` leaves it (BUILD/installed/stage-NN): made once, reused after."""
     from chapter_support import installed_view
 
+    name = f"stage-{number:02d}"
+    dest = build / "installed" / name
     if not any(dest.glob("*.dist-info")):
-        installed_view(snapshot, package, dest)
+        installed_view(build / "stages" / name, build / "packages" / name / "torch_acme", dest)
     return dest
+
+
+def _environment(site: Path, **env: str) -> dict[str, str]:
+    """A user's Python with the stage installed: `import torch` autoloads it."""
+    return {**os.environ, "PYTHONPATH": str(site), "TORCH_DEVICE_BACKEND_AUTOLOAD": "1", **env}
 
 
 @dataclass
@@ -67,8 +74,7 @@ def train(site: Path, folder: Path, *args: str, ranks: int = 1, timeout: float =
                  f"--nproc-per-node={ranks}"] if ranks > 1 else [sys.executable])
     done = subprocess.run([*launcher, str(SCRIPT), *args, "--metrics", str(metrics)],
                           cwd=folder, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(site),
-                               "TORCH_DEVICE_BACKEND_AUTOLOAD": "1", **env})
+                          env=_environment(site, **env))
     return Run(done.returncode, done.stderr, read_metrics(metrics))
 
 
@@ -81,7 +87,7 @@ def train_killed(site: Path, folder: Path, *args: str, after_epochs: int = 1,
     checkpoint, metrics = folder / "train.ckpt", folder / "metrics-killed.jsonl"
     command = [sys.executable, str(SCRIPT), *args, "--checkpoint", str(checkpoint),
                "--metrics", str(metrics)]
-    env = {**os.environ, "PYTHONPATH": str(site), "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}
+    env = _environment(site)
     first = subprocess.Popen(command, cwd=folder, env=env, stderr=subprocess.PIPE, text=True)
 
     def epochs_logged() -> int:

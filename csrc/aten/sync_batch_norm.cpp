@@ -70,9 +70,8 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_gather_stats_with_counts(
     const at::Tensor& input, const at::Tensor& mean_all, const at::Tensor& invstd_all,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
     double momentum, double eps, const at::Tensor& counts) {
-  const at::Tensor none;
-  const at::Tensor& rm = running_mean ? *running_mean : none;
-  const at::Tensor& rv = running_var ? *running_var : none;
+  const at::Tensor rm = running_mean.value_or(at::Tensor());
+  const at::Tensor rv = running_var.value_or(at::Tensor());
   check_same_device("aten::batch_norm_gather_stats_with_counts", input.device(),
                     {mean_all, invstd_all, counts, rm, rv});
   // CUDA's checks: one row of statistics per process, and a count for each.
@@ -107,9 +106,8 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_gather_stats_with_counts(
 at::Tensor batch_norm_elemt(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                             const std::optional<at::Tensor>& bias, const at::Tensor& mean,
                             const at::Tensor& invstd, double /*eps: in invstd already*/) {
-  const at::Tensor none;
-  const at::Tensor& w = weight ? *weight : none;
-  const at::Tensor& b = bias ? *bias : none;
+  const at::Tensor w = weight.value_or(at::Tensor());
+  const at::Tensor b = bias.value_or(at::Tensor());
   check_same_device("aten::batch_norm_elemt", input.device(), {w, b, mean, invstd});
   DeviceViews view;
   const at::Tensor x = view(input).to(compute_type(input));
@@ -125,8 +123,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_r
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
     const at::Tensor& invstd, const std::optional<at::Tensor>& weight, bool input_g,
     bool weight_g, bool bias_g) {
-  const at::Tensor none;
-  const at::Tensor& w = weight ? *weight : none;
+  const at::Tensor w = weight.value_or(at::Tensor());
   check_same_device("aten::batch_norm_backward_reduce", input.device(),
                     {grad_out, mean, invstd, w});
   check_same_type(mean, invstd);
@@ -152,8 +149,7 @@ at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tenso
                                      const std::optional<at::Tensor>& weight,
                                      const at::Tensor& sum_dy, const at::Tensor& sum_dy_xmu,
                                      const at::Tensor& count) {
-  const at::Tensor none;
-  const at::Tensor& w = weight ? *weight : none;
+  const at::Tensor w = weight.value_or(at::Tensor());
   check_same_device("aten::batch_norm_backward_elemt", input.device(),
                     {grad_out, mean, invstd, w, sum_dy, sum_dy_xmu, count});
   check_same_type(mean, invstd);
