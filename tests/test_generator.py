@@ -76,6 +76,25 @@ def test_float64_uniform_is_philox_from_the_seed_and_the_offset():
     assert torch.equal(second, expect(8, 5))  # the next op starts where the first left off
 
 
+def test_long_runs_cross_batches_and_the_32_bit_carry():
+    # Kernels draw counter blocks in batches (32 at a time from chapter 23, by
+    # AVX2 where the CPU has it): a run that starts mid-batch, ends mid-batch
+    # and crosses block 2^32, where the counter's high word changes, must still
+    # be block offset + i for every i.
+    seed, offset, n = 0xFEDCBA9876543210, 2**32 - 45, 1003
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    g.set_offset(offset)
+    got = torch.empty(n, dtype=torch.float64, device=DEVICE).uniform_(generator=g).cpu()
+    expected = torch.tensor([(bits64(w) >> 11) / 2**53 for w in blocks(seed, offset, n)],
+                            dtype=torch.float64)
+    assert torch.equal(got, expected)
+    # bernoulli_ draws the same blocks: element i is kept when its uniform is below p.
+    g.manual_seed(seed)
+    g.set_offset(offset)
+    kept = torch.empty(n, device=DEVICE).bernoulli_(0.3, generator=g).cpu()
+    assert torch.equal(kept, (expected < 0.3).float())
+
+
 def test_float32_uniform_uses_exactly_24_bits():
     seed = 77
     g = torch.Generator(device=DEVICE).manual_seed(seed)

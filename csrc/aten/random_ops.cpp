@@ -17,6 +17,7 @@
 #include <c10/util/MathConstants.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -75,9 +76,22 @@ void launch(const at::Tensor& self, const std::optional<at::Generator>& gen, Sam
   scalar_t* out = device_view<scalar_t>(dense);
   // The device's threads: any split gives the same numbers.
   at::parallel_for(0, n, /*grain_size=*/1 << 14, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      out[i] = sample(i, philox_block(range.seed, range.first + static_cast<uint64_t>(i)));
+//> ch05 launch-loop < ch23 launch-loop
+//     for (int64_t i = begin; i < end; ++i) {
+//       out[i] = sample(i, philox_block(range.seed, range.first + static_cast<uint64_t>(i)));
+//     }
+//< ch05 launch-loop
+//> ch23 launch-loop
+    // The counter blocks come a batch at a time (chapter 23), as words.
+    alignas(32) uint32_t words[4][kPhiloxBatch];
+    for (int64_t start = begin; start < end; start += kPhiloxBatch) {
+      const int count = static_cast<int>(std::min<int64_t>(kPhiloxBatch, end - start));
+      philox_batch(range.seed, range.first + static_cast<uint64_t>(start), count, words);
+      for (int j = 0; j < count; ++j) {
+        out[start + j] = sample(start + j, {words[0][j], words[1][j], words[2][j], words[3][j]});
+      }
     }
+//< ch23 launch-loop
   });
   if (!direct) self.copy_(dense);
 }
