@@ -17,6 +17,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/_softmax.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/where.h>
 #include <torch/library.h>
@@ -28,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <utility>
 
 #include "aten/device_views.h"
 #include "aten/generator.h"
@@ -75,11 +77,26 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bi
   return s;
 }
 
-// softmax(s) from the saved row log-sum-exp. A row masked out entirely
-// (log-sum-exp -inf) attends to nothing and gives 0, as ATen's math path.
-at::Tensor probabilities(const at::Tensor& s, const at::Tensor& logsumexp) {
+// softmax(s) and its row log-sum-exp, in two passes over s and one over the
+// probabilities: the largest score m of a row has the largest probability,
+// exp(m - lse), so lse = m - log(max p). A row masked out entirely attends to
+// nothing: its probabilities are 0 (as ATen's math path) and its lse -inf.
+std::pair<at::Tensor, at::Tensor> softmax_and_logsumexp(const at::Tensor& s) {
+  at::Tensor p = at::_softmax(s, -1, /*half_to_float=*/false);
+  const at::Tensor top = s.amax(-1);
+  const at::Tensor empty_rows = top.isneginf();  // their softmax is 0 / 0
+  if (empty_rows.any().item<bool>()) p.masked_fill_(empty_rows.unsqueeze(-1), 0.0);
+  const at::Tensor lse = at::where(empty_rows, top, top - p.amax(-1).log_());
+  return {p, lse};
+}
+
+// softmax(s) again, from the saved row log-sum-exp, overwriting s.
+at::Tensor probabilities(at::Tensor& s, const at::Tensor& logsumexp) {
   const at::Tensor lse = logsumexp.unsqueeze(-1);
-  return at::where(lse.isneginf(), at::scalar_tensor(0.0, s.options()), (s - lse).exp());
+  s.sub_(lse).exp_();
+  const at::Tensor empty_rows = lse.isneginf();  // -inf - -inf: NaN, which is 0 here
+  if (empty_rows.any().item<bool>()) s.masked_fill_(empty_rows, 0.0);
+  return s;
 }
 
 // The dropout mask is drawn with acme's generator (chapter 5's bernoulli
@@ -151,8 +168,7 @@ Forward attention(const at::Tensor& query, const at::Tensor& key, const at::Tens
   const at::Tensor q = compute(view(query)), k = compute(view(key)), v = compute(view(value));
   const at::Tensor s = scores(q, k, bias.defined() ? view(bias) : bias, is_causal,
                               default_scale(query, scale));
-  const at::Tensor logsumexp = s.logsumexp(-1);
-  at::Tensor p = probabilities(s, logsumexp);
+  auto [p, logsumexp] = softmax_and_logsumexp(s);
   uint64_t seed = 0, offset = 0;
   if (dropout_p > 0) {
     auto* generator = at::check_generator<AcmeGeneratorImpl>(default_generator(device.index()));
@@ -163,7 +179,7 @@ Forward attention(const at::Tensor& query, const at::Tensor& key, const at::Tens
       offset = range.first;
     }
     const at::Tensor keep = dropout_keep(device, p.sizes(), dropout_p, seed, offset);
-    p = p * view(keep) / (1.0 - dropout_p);
+    p.mul_(view(keep)).mul_(1.0 / (1.0 - dropout_p));  // p is this kernel's own
   }
   const at::Tensor out = at::matmul(p, v).to(query.scalar_type());
   const auto philox = [](uint64_t bits) {
@@ -193,20 +209,22 @@ Backward attention_backward(const at::Tensor& grad_out, const at::Tensor& query,
   DeviceViews view;
   const double factor = default_scale(query, scale);
   const at::Tensor q = compute(view(query)), k = compute(view(key)), v = compute(view(value));
-  const at::Tensor d_out = compute(view(grad_out));
-  const at::Tensor s = scores(q, k, attn_bias.defined() ? view(attn_bias) : attn_bias,
-                              is_causal, factor);
+  // A gradient of sum() comes expanded (stride 0), which BLAS cannot take.
+  const at::Tensor d_out = compute(view(grad_out)).contiguous();
+  at::Tensor s = scores(q, k, attn_bias.defined() ? view(attn_bias) : attn_bias,
+                        is_causal, factor);
   const at::Tensor p = probabilities(s, view(logsumexp));
   at::Tensor p_used = p, d_p = at::matmul(d_out, v.transpose(-2, -1));
   if (dropout_p > 0) {
     const at::Tensor keep = view(dropout_keep(device, p.sizes(), dropout_p,
                                               static_cast<uint64_t>(philox_seed.item<int64_t>()),
                                               static_cast<uint64_t>(philox_offset.item<int64_t>())));
-    p_used = p * keep / (1.0 - dropout_p);
-    d_p = d_p * keep / (1.0 - dropout_p);
+    const double kept_scale = 1.0 / (1.0 - dropout_p);
+    p_used = (p * keep).mul_(kept_scale);
+    d_p.mul_(keep).mul_(kept_scale);
   }
-  // Softmax's backward: dS = P ∘ (dP − rowsum(dP ∘ P)).
-  const at::Tensor d_s = p * (d_p - (d_p * p).sum(-1, /*keepdim=*/true));
+  // Softmax's backward: dS = P ∘ (dP − rowsum(dP ∘ P)), in d_p's memory.
+  const at::Tensor d_s = d_p.sub_((d_p * p).sum(-1, /*keepdim=*/true)).mul_(p);
   const auto result = [&](bool wanted, const at::Tensor& grad, const at::Tensor& like) {
     if (!wanted) return at::Tensor();
     return on_device_like(grad.sum_to_size(like.sizes()).to(like.scalar_type()), like);

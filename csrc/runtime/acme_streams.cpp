@@ -142,8 +142,8 @@ void serve(std::shared_ptr<Stream> s) {
       const uint64_t seen = s->submitted;
       lock.unlock();
       const auto until = Clock::now() + std::chrono::microseconds(50);
-      while (s->queued.load(std::memory_order_acquire) == seen && Clock::now() < until) {
-      }
+      while (s->queued.load(std::memory_order_acquire) == seen && Clock::now() < until)
+        std::this_thread::yield();  // a host thread computing has the cores first
       lock.lock();
     }
     s->worker_asleep = true;
