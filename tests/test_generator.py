@@ -78,9 +78,9 @@ def test_float64_uniform_is_philox_from_the_seed_and_the_offset():
 
 def test_long_runs_cross_batches_and_the_32_bit_carry():
     # Kernels draw counter blocks in batches (32 at a time from chapter 23, by
-    # AVX2 where the CPU has it): a run that starts mid-batch, ends mid-batch
-    # and crosses block 2^32, where the counter's high word changes, must still
-    # be block offset + i for every i.
+    # AVX2 where the CPU has it): a batch that crosses block 2^32, where the
+    # counter's high word changes, and a short last batch must still give
+    # block offset + i for every i.
     seed, offset, n = 0xFEDCBA9876543210, 2**32 - 45, 1003
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     g.set_offset(offset)

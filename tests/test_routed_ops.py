@@ -11,6 +11,7 @@ float32, half and bfloat16 with the tolerances PyTorch's own tests use.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 
 import pytest
@@ -313,6 +314,16 @@ def test_sdpa_matches_cpu(case):
     assert actual.grad_fn.name() == "ScaledDotProductFusedAttentionOverrideableBackward0"
     for e, a in zip(expected_grads, actual_grads):
         torch.testing.assert_close(a.cpu(), e)
+
+
+def test_sdpa_kernel_with_no_keys():
+    # F.scaled_dot_product_attention answers an empty key itself, but the op
+    # can be called directly (the compiler does): nothing to attend to gives
+    # zeros and a log-sum-exp of -inf, as on the CPU, not an error.
+    q, k, v = (torch.randn(2, 3, length, 8, device=DEVICE) for length in (5, 0, 0))
+    out, logsumexp, *_ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, k, v)
+    assert torch.equal(out.cpu(), torch.zeros(2, 3, 5, 8))
+    assert torch.equal(logsumexp.cpu(), torch.full((2, 3, 5), -math.inf))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

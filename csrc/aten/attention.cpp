@@ -15,11 +15,13 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/_softmax.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -82,6 +84,10 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& bi
 // exp(m - lse), so lse = m - log(max p). A row masked out entirely attends to
 // nothing: its probabilities are 0 (as ATen's math path) and its lse -inf.
 std::pair<at::Tensor, at::Tensor> softmax_and_logsumexp(const at::Tensor& s) {
+  if (s.size(-1) == 0) {  // no keys: nothing to attend to (amax refuses an empty row)
+    return {at::zeros_like(s), at::full(s.sizes().slice(0, s.dim() - 1),
+                                         -std::numeric_limits<double>::infinity(), s.options())};
+  }
   at::Tensor p = at::_softmax(s, -1, /*half_to_float=*/false);
   const at::Tensor top = s.amax(-1);
   const at::Tensor empty_rows = top.isneginf();  // their softmax is 0 / 0
