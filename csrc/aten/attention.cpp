@@ -255,8 +255,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // torch._fused_sdp_choice, the compiler): through the fallback they would
   // get the CPU's answer, a kernel acme does not run.
   m.impl("_fused_sdp_choice", TORCH_FN(acme::choose_sdp_backend));
-  m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(acme::attention));
+//> ch13 register-attention-kernels < ch23 register-attention-kernels
+//   m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(acme::attention));
+//   m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
+//          TORCH_FN(acme::attention_backward));
+//< ch13 register-attention-kernels
+//> ch23 register-attention-kernels
+  // The kernels run on the stream's worker, the host waiting (chapter 23).
+  using acme::OnStream;
+  m.impl("_scaled_dot_product_fused_attention_overrideable",
+         TORCH_FN((OnStream<"attention", acme::attention>::call)));
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
-         TORCH_FN(acme::attention_backward));
+         TORCH_FN((OnStream<"attention backward", acme::attention_backward>::call)));
+//< ch23 register-attention-kernels
 }
 //< ch13 register-attention

@@ -63,7 +63,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
 
 //> ch13 register-convolution
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("convolution_overrideable", TORCH_FN(acme::convolution));
-  m.impl("convolution_backward_overrideable", TORCH_FN(acme::convolution_backward));
+//> ch13 register-convolution-kernels < ch23 register-convolution-kernels
+//   m.impl("convolution_overrideable", TORCH_FN(acme::convolution));
+//   m.impl("convolution_backward_overrideable", TORCH_FN(acme::convolution_backward));
+//< ch13 register-convolution-kernels
+//> ch23 register-convolution-kernels
+  // The kernels run on the stream's worker, the host waiting (chapter 23).
+  using acme::OnStream;
+  m.impl("convolution_overrideable",
+         TORCH_FN((OnStream<"convolution", acme::convolution>::call)));
+  m.impl("convolution_backward_overrideable",
+         TORCH_FN((OnStream<"convolution backward", acme::convolution_backward>::call)));
+//< ch23 register-convolution-kernels
 }
 //< ch13 register-convolution

@@ -59,17 +59,61 @@ acmeStream_t current_stream(c10::DeviceIndex device) {
   return reinterpret_cast<acmeStream_t>(static_cast<uintptr_t>(stream.id()));
 }
 
+//> ch23 inside-kernel-flag
+namespace {
+thread_local bool running_a_kernel = false;
+
+// How many CPU threads the device's kernels use: the intra-op thread count
+// when acme was loaded, before any DataLoader ran. Read later, it may be 1:
+// DataLoader(pin_memory=True) sets 1 for its pinning thread, and ATen keeps
+// that count for the whole process, where a new thread's init_num_threads
+// finds it.
+int device_threads() {
+  static const int count = at::get_num_threads();
+  return count;
+}
+[[maybe_unused]] const int device_threads_at_load = device_threads();  // read it now
+}  // namespace
+
+bool inside_kernel() { return running_a_kernel; }
+
+c10::Stream current_c10_stream(c10::DeviceIndex device) {
+  return c10::impl::getDeviceGuardImpl(kAcme)->getStream(c10::Device(kAcme, device));
+}
+
+c10::Stream set_current_stream_here(const c10::Stream& stream) {
+  return c10::impl::getDeviceGuardImpl(kAcme)->exchangeStream(stream);
+}
+//< ch23 inside-kernel-flag
+
 int run_kernel_body(void (*call)(void*), void* body, char* message, size_t size) {
-  // The worker is a thread PyTorch never saw: give it the intra-op thread
-  // count the user chose, once.
-  thread_local const bool threads_set = (at::init_num_threads(), true);
+//> ch18 worker-threads < ch23 worker-threads
+//   // The worker is a thread PyTorch never saw: give it the intra-op thread
+//   // count the user chose, once.
+//   thread_local const bool threads_set = (at::init_num_threads(), true);
+//   (void)threads_set;
+//< ch18 worker-threads
+//> ch23 worker-threads
+  // The worker is a thread PyTorch never saw: give it the device's thread
+  // count, once.
+  thread_local const bool threads_set = (at::set_num_threads(device_threads()), true);
   (void)threads_set;
+//< ch23 worker-threads
   try {
     // A kernel computes on CPU views that nothing differentiates, and it is
     // device work, not a host op for the profiler (chapter 19) to list.
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     const at::RecordFunctionGuard not_a_host_op(false);
+//> ch18 run-body < ch23 run-body
+//     call(body);
+//< ch18 run-body
+//> ch23 run-body
+    const struct Running {
+      Running() { running_a_kernel = true; }
+      ~Running() { running_a_kernel = false; }
+    } running;
     call(body);
+//< ch23 run-body
     return 0;
   } catch (const c10::Error& e) {
     std::snprintf(message, size, "%s", e.what_without_backtrace());
@@ -110,11 +154,17 @@ void check_once(const char* name, c10::ArrayRef<int64_t> key, const std::functio
 }
 
 void wait_for_stream(c10::DeviceIndex device) {
+//> ch23 wait-inside
+  if (inside_kernel()) return;  // the stream is here: what came before has run
+//< ch23 wait-inside
   ACME_CHECK(acmeStreamSynchronize(current_stream(device)));
 }
 
 void stream_wait(c10::DeviceIndex waiting, c10::DeviceIndex done) {
   if (waiting == done) return;  // one stream orders itself
+//> ch23 stream-wait-inside
+  if (inside_kernel()) return;  // a kernel's own copies run as it does, in order
+//< ch23 stream-wait-inside
   auto* impl = c10::impl::getDeviceGuardImpl(kAcme);
   c10::Event event(kAcme);
   event.record(impl->getStream(c10::Device(kAcme, done)));

@@ -333,15 +333,33 @@ void seeded_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack
 
 //> ch05 register
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("uniform_", TORCH_FN(acme::uniform_));
-  m.impl("normal_", TORCH_FN(acme::normal_));
-  m.impl("random_", TORCH_FN(acme::random_));
-  m.impl("random_.from", TORCH_FN(acme::random_from));
-  m.impl("random_.to", TORCH_FN(acme::random_to));
-  m.impl("bernoulli_.float", TORCH_FN(acme::bernoulli_scalar_));
-  m.impl("bernoulli_.Tensor", TORCH_FN(acme::bernoulli_tensor_));
-  m.impl("bernoulli.out", TORCH_FN(acme::bernoulli_out));
-  m.impl("native_dropout", TORCH_FN(acme::native_dropout));
+//> ch05 register-kernels < ch23 register-kernels
+//   m.impl("uniform_", TORCH_FN(acme::uniform_));
+//   m.impl("normal_", TORCH_FN(acme::normal_));
+//   m.impl("random_", TORCH_FN(acme::random_));
+//   m.impl("random_.from", TORCH_FN(acme::random_from));
+//   m.impl("random_.to", TORCH_FN(acme::random_to));
+//   m.impl("bernoulli_.float", TORCH_FN(acme::bernoulli_scalar_));
+//   m.impl("bernoulli_.Tensor", TORCH_FN(acme::bernoulli_tensor_));
+//   m.impl("bernoulli.out", TORCH_FN(acme::bernoulli_out));
+//   m.impl("native_dropout", TORCH_FN(acme::native_dropout));
+//< ch05 register-kernels
+//> ch23 register-kernels
+  // The kernels run on the stream's worker, the host waiting (chapter 23).
+  using acme::OnStream;
+  m.impl("uniform_", TORCH_FN((OnStream<"aten::uniform_", acme::uniform_>::call)));
+  m.impl("normal_", TORCH_FN((OnStream<"aten::normal_", acme::normal_>::call)));
+  m.impl("random_", TORCH_FN((OnStream<"aten::random_", acme::random_>::call)));
+  m.impl("random_.from", TORCH_FN((OnStream<"aten::random_", acme::random_from>::call)));
+  m.impl("random_.to", TORCH_FN((OnStream<"aten::random_", acme::random_to>::call)));
+  m.impl("bernoulli_.float",
+         TORCH_FN((OnStream<"aten::bernoulli_", acme::bernoulli_scalar_>::call)));
+  m.impl("bernoulli_.Tensor",
+         TORCH_FN((OnStream<"aten::bernoulli_", acme::bernoulli_tensor_>::call)));
+  m.impl("bernoulli.out", TORCH_FN((OnStream<"aten::bernoulli", acme::bernoulli_out>::call)));
+  m.impl("native_dropout",
+         TORCH_FN((OnStream<"aten::native_dropout", acme::native_dropout>::call)));
+//< ch23 register-kernels
 }
 //< ch05 register
 

@@ -15,7 +15,11 @@
 #include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <functional>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -179,6 +183,131 @@ void on_device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 }
+
+// Whether the op writes only into its arguments: every result is one of
+// them (in-place), and no out= argument may need resizing.
+bool writes_only_arguments(const c10::FunctionSchema& schema) {
+  for (const auto& r : schema.returns()) {
+    if (!r.alias_info() || !r.alias_info()->isWrite()) return false;
+  }
+  for (const auto& a : schema.arguments()) {
+    if (a.is_out()) return false;
+  }
+  return true;
+}
+
+// What a call's validity depends on besides values: each tensor's device,
+// dtype, sizes and strides, which arguments share memory, and the kinds of
+// the other arguments. Empty if an argument is a CPU tensor (read when the
+// kernel runs, the host may have changed it) or of a kind not keyed here.
+std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
+                               c10::ArrayRef<c10::IValue> arguments) {
+  std::vector<int64_t> key{static_cast<int64_t>(std::hash<std::string>()(op.schema().name())),
+                           static_cast<int64_t>(std::hash<std::string>()(
+                               op.schema().overload_name()))};
+  std::vector<const void*> storages;
+  bool keyable = true;
+  auto tensor = [&](const at::Tensor& t) {
+    if (!t.defined()) return key.push_back(-1);
+    if (t.device().type() != kAcme) keyable = false;
+    const void* storage = t.storage().unsafeGetStorageImpl();
+    const auto seen = std::find(storages.begin(), storages.end(), storage);
+    key.push_back(seen - storages.begin());  // the first argument with this memory
+    if (seen == storages.end()) storages.push_back(storage);
+    key.insert(key.end(), {t.device().index(), static_cast<int64_t>(t.scalar_type()), t.dim(),
+                           t.storage_offset()});
+    key.insert(key.end(), t.sizes().begin(), t.sizes().end());
+    key.insert(key.end(), t.strides().begin(), t.strides().end());
+  };
+  for (const c10::IValue& v : arguments) {
+    key.push_back(static_cast<int64_t>(std::hash<std::string>()(v.tagKind())));
+    if (v.isTensor()) {
+      tensor(v.toTensor());
+    } else if (v.isTensorList()) {
+      key.push_back(static_cast<int64_t>(v.toTensorList().size()));
+      for (const at::Tensor& t : v.toTensorList()) tensor(t);
+    } else if (!(v.isNone() || v.isScalar() || v.isBool() || v.isIntList() ||
+                 v.isDoubleList())) {
+      keyable = false;
+    } else if (v.isIntList()) {
+      for (int64_t x : v.toIntList()) key.push_back(x);
+    }
+  }
+  return keyable ? key : std::vector<int64_t>{};
+}
+
+// The shapes whose first call has run, waiting, without an error.
+struct PassedShapes {
+  std::mutex mutex;
+  std::set<std::vector<int64_t>> keys;
+};
+
+PassedShapes& passed_shapes() {
+  static auto* p = new PassedShapes;  // kernels may launch during exit
+  return *p;
+}
+
+// The same, on the stream's worker: the CPU kernel's arithmetic runs where
+// every other acme kernel runs. An op that writes only into its arguments
+// needs nothing back; once the first call of its shapes has run waiting,
+// and raised whatever the kernel raises for them, calls with those shapes
+// are launched and the host goes on, as with CUDA's kernels.
+void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t count = schema.arguments().size();
+  const c10::ArrayRef<c10::IValue> arguments(&*(stack->end() - static_cast<std::ptrdiff_t>(count)),
+                                             count);
+  const std::vector<c10::IValue> originals(arguments.begin(), arguments.end());
+  const c10::Device device = device_of_arguments(op, originals);
+  const char* name = schema.name().c_str();
+  std::vector<int64_t> key;
+  if (writes_only_arguments(schema)) key = shape_key(op, arguments);
+  if (!key.empty()) {
+    PassedShapes& passed = passed_shapes();
+    bool seen;
+    {
+      const std::lock_guard<std::mutex> lock(passed.mutex);
+      seen = passed.keys.count(key) > 0;
+    }
+    if (seen) {
+      DeviceViews view(DeviceViews::kForLaunch);
+      std::vector<c10::IValue> held;
+      for (const c10::IValue& v : originals) {
+        if (v.isTensor()) {
+          held.emplace_back(view(v.toTensor()));
+        } else if (v.isTensorList()) {
+          c10::List<at::Tensor> views;
+          for (const at::Tensor& t : v.toTensorList()) views.push_back(view(t));
+          held.emplace_back(views);
+        } else {
+          held.emplace_back(v);
+        }
+      }
+      launch_kernel(device.index(), name, [op, held = std::move(held)] {
+        torch::jit::Stack kernel_stack(held);
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
+      });
+      // The results are the arguments they alias, as on_device_kernel returns them.
+      stack->resize(stack->size() - count);
+      for (const auto& r : schema.returns()) {
+        for (size_t i = 0; i < count; ++i) {
+          const auto* alias = schema.arguments()[i].alias_info();
+          if (alias && alias->beforeSets() == r.alias_info()->beforeSets()) {
+            stack->push_back(originals[i]);
+            break;
+          }
+        }
+      }
+      return;
+    }
+  }
+  run_on_stream(device.index(), name, [&] { on_device_kernel(op, stack); });
+  if (!key.empty()) {
+    PassedShapes& passed = passed_shapes();
+    const std::lock_guard<std::mutex> lock(passed.mutex);
+    passed.keys.insert(std::move(key));
+  }
+}
 //< ch23 on-device-kernel
 
 }  // namespace
@@ -188,7 +317,7 @@ void on_device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // What the two models reached the fallback for, by where it came from.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   const auto kernel = [] {
-    return torch::CppFunction::makeFromBoxedFunction<&acme::on_device_kernel>();
+    return torch::CppFunction::makeFromBoxedFunction<&acme::on_stream_kernel>();
   };
   for (const char* name : {
            // layers: activations, normalisation, pooling, dropout, embedding

@@ -65,6 +65,12 @@ struct Event {
 };
 //< ch06 runtime-event
 
+//> ch23 serving
+struct Stream;
+// The stream whose worker this thread is, while it runs an item of its queue.
+thread_local const Stream* serving = nullptr;
+//< ch23 serving
+
 //> ch06 runtime-stream
 struct Stream {
   uint64_t id;
@@ -86,6 +92,16 @@ struct Stream {
 
   // False if the stream is being destroyed: its worker may be gone already.
   bool push(std::function<void()> work, std::function<void()> then = {}) {
+//> ch23 push-inline
+    // Work a running item queues on its own stream would wait behind that
+    // item forever: it runs now, which is where the queue has got to.
+    if (serving == this) {
+      if (work) work();
+      std::lock_guard<std::mutex> lock(mutex);
+      if (then) then();
+      return true;
+    }
+//< ch23 push-inline
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (stopping) return false;
@@ -107,6 +123,9 @@ struct Stream {
 
   // Waits for the work queued so far, not for work queued meanwhile.
   void drain() {
+//> ch23 drain-inline
+    if (serving == this) return;  // everything queued before the running item is done
+//< ch23 drain-inline
     std::unique_lock<std::mutex> lock(mutex);
     const uint64_t target = submitted;
     changed.wait(lock, [&] { return completed >= target; });
@@ -154,7 +173,14 @@ void serve(std::shared_ptr<Stream> s) {
     auto [work, then] = std::move(s->queue.front());
     s->queue.pop_front();
     lock.unlock();
+//> ch06 serve-run < ch23 serve-run
+//     if (work) work();
+//< ch06 serve-run
+//> ch23 serve-run
+    serving = s.get();
     if (work) work();
+    serving = nullptr;
+//< ch23 serve-run
     lock.lock();
     ++s->completed;
     if (then) then();  // under the stream's lock: both facts change at once

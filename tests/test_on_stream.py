@@ -1,0 +1,84 @@
+"""Chapter 23: kernels whose host side waits for them run on the stream too.
+
+Until chapter 23, attention, convolution, the random kernels and the
+training kernels computed on whichever thread called them (the host, or
+autograd's device thread) after waiting for the stream. From chapter 23
+they run as kernels on the stream's worker while the caller waits
+(run_on_stream in csrc/aten/launch.h): they show on the device's timeline,
+they see the caller's stream, and what they raise keeps its Python type.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+import torch_acme  # noqa: F401 - registers torch.acme
+
+pytestmark = pytest.mark.skipif(
+    importlib.import_module("torch_acme._build_info").STAGE < 23,
+    reason="chapter 23 runs waiting kernels on the stream")
+
+
+def kernel_names(prof) -> set[str]:
+    return {e.name for e in prof.events() if e.device_type == DeviceType.PrivateUse1}
+
+
+def test_waiting_kernels_are_device_activities():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 8, 4, device="acme", requires_grad=True) for _ in range(3))
+    image = torch.randn(2, 3, 8, 8, device="acme", requires_grad=True)
+    weight = torch.randn(4, 3, 3, 3, device="acme", requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.25)
+        c = F.gelu(F.conv2d(image, weight))
+        d = F.dropout(c, 0.5)
+        (a.sum() + d.sum()).backward()
+    names = kernel_names(prof)
+    for name in ("attention", "attention backward", "convolution", "convolution backward",
+                 "aten::native_dropout", "aten::gelu", "aten::gelu_backward"):
+        assert name in names, (name, sorted(names))
+
+
+def test_an_error_raised_inside_keeps_its_type():
+    logits = torch.randn(4, 3, device="acme")
+    with pytest.raises(IndexError, match="out of bounds"):
+        F.nll_loss(logits.log_softmax(-1), torch.tensor([0, 1, 2, 7], device="acme"))
+    # The device goes on working: the error was the call's, not the stream's.
+    assert torch.equal((logits * 2).cpu(), logits.cpu() * 2)
+
+
+def test_results_on_a_side_stream_match_the_default_stream():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(4, 2, 16, 8, device="acme") for _ in range(3))
+    image, weight = torch.randn(2, 3, 8, 8, device="acme"), torch.randn(4, 3, 3, 3, device="acme")
+    expected = (F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                F.conv2d(image, weight), F.layer_norm(image, (8,)))
+    side = torch.acme.Stream()
+    side.wait_stream(torch.acme.current_stream())
+    with torch.acme.stream(side):
+        got = (F.scaled_dot_product_attention(q, k, v, is_causal=True),
+               F.conv2d(image, weight), F.layer_norm(image, (8,)))
+    torch.acme.current_stream().wait_stream(side)
+    for e, g in zip(expected, got):
+        assert torch.equal(e.cpu(), g.cpu())
+
+
+def test_same_seed_same_masks_through_the_worker():
+    # The dropout mask of attention is drawn inside its kernel (a launch from
+    # a running kernel runs at once); the backward draws it again.
+    q = torch.randn(2, 2, 8, 4, device="acme", requires_grad=True)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+        (grad,) = torch.autograd.grad(out.sum(), q)
+        runs.append((out.detach().cpu(), grad.cpu()))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    plain = F.scaled_dot_product_attention(q, q, q).detach().cpu()
+    assert not torch.allclose(runs[0][0], plain)  # dropout did drop
