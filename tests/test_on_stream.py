@@ -82,3 +82,18 @@ def test_same_seed_same_masks_through_the_worker():
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     plain = F.scaled_dot_product_attention(q, q, q).detach().cpu()
     assert not torch.allclose(runs[0][0], plain)  # dropout did drop
+
+
+def test_a_warning_inside_reaches_python_warnings():
+    x = torch.randn(4, 3, device="acme")
+    out = torch.empty(2, device="acme")  # the wrong shape, with elements: a resize warning
+    with pytest.warns(UserWarning, match="was resized"):
+        torch.clamp(x, 0, 1, out=out)
+    assert out.shape == (4, 3) and torch.equal(out.cpu(), x.cpu().clamp(0, 1))
+
+
+def test_results_made_in_inference_mode_are_inference_tensors():
+    x = torch.randn(2, 3, 8, 8, device="acme")
+    with torch.inference_mode():
+        y = F.layer_norm(x, (8,))
+    assert y.is_inference()

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string_view>
 #include <unordered_set>
+#include <utility>
 
 #include "aten/acme_check.h"
 
@@ -109,8 +110,8 @@ int run_kernel_body(void (*call)(void*), void* body, char* message, size_t size)
 //< ch18 run-body
 //> ch23 run-body
     const struct Running {
-      Running() { running_a_kernel = true; }
-      ~Running() { running_a_kernel = false; }
+      bool before = std::exchange(running_a_kernel, true);
+      ~Running() { running_a_kernel = before; }
     } running;
     call(body);
 //< ch23 run-body

@@ -7,7 +7,9 @@
 #include <c10/core/Device.h>
 //> ch23 run-on-stream-includes
 #include <ATen/core/Tensor.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/Stream.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <exception>
@@ -97,11 +99,21 @@ auto run_on_stream(c10::DeviceIndex device, const char* name, Body&& body) -> de
   std::optional<Kept> result;
   std::exception_ptr error;
   const c10::Stream stream = current_c10_stream(device);
+  // The caller's thread-local state that a kernel's results depend on.
+  c10::WarningHandler* const warnings = c10::WarningUtils::get_warning_handler();
+  const bool inference = c10::InferenceMode::is_enabled();
   launch_kernel(device, name, [&] {
-    // The caller's stream is current here too: memory the body allocates
-    // belongs to it, as if the host had allocated it.
-    const c10::Stream before = set_current_stream_here(stream);
     try {
+      // The caller's stream is current here too: memory the body allocates
+      // belongs to it, as if the host had allocated it. Warnings go where
+      // the caller's go (Python's warnings module).
+      const struct StreamHere {
+        c10::Stream before;
+        ~StreamHere() { set_current_stream_here(before); }
+      } stream_here{set_current_stream_here(stream)};
+      const c10::WarningUtils::WarningHandlerGuard warnings_here(warnings);
+      std::optional<c10::InferenceMode> inference_here;
+      if (inference) inference_here.emplace();  // (off, it would undo the worker's guards)
       if constexpr (std::is_void_v<Result>) {
         body();
         result.emplace(true);
@@ -113,10 +125,10 @@ auto run_on_stream(c10::DeviceIndex device, const char* name, Body&& body) -> de
     } catch (...) {
       error = std::current_exception();
     }
-    set_current_stream_here(before);
   });
   wait_for_stream(device);  // the body has run when this returns, even by throwing
   if (error) std::rethrow_exception(error);
+  TORCH_INTERNAL_ASSERT(result, name, ": the kernel did not run");
   if constexpr (std::is_reference_v<Result>) {
     return **result;
   } else if constexpr (!std::is_void_v<Result>) {

@@ -53,8 +53,9 @@ PhiloxRange reserve(const std::optional<at::Generator>& gen, c10::Device device,
 template <typename T>
 T* device_view(const at::Tensor& t) {
 //> ch18 random-waits
-  // These kernels still run on the host thread (chapter 18): after the
-  // stream's earlier kernels, which may use the same memory.
+  // These kernels run on the calling thread (until chapter 23 registers
+  // them to run on the stream): after the stream's earlier kernels, which
+  // may use the same memory.
   wait_for_stream(t.device().index());
 //< ch18 random-waits
   void* view = nullptr;

@@ -231,6 +231,8 @@ std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
       keyable = false;
     } else if (v.isIntList()) {
       for (int64_t x : v.toIntList()) key.push_back(x);
+    } else if (v.isBool()) {
+      key.push_back(v.toBool());  // a flag may choose a path with checks of its own
     }
   }
   return keyable ? key : std::vector<int64_t>{};
@@ -261,7 +263,10 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::Device device = device_of_arguments(op, originals);
   const char* name = schema.name().c_str();
   std::vector<int64_t> key;
-  if (writes_only_arguments(schema)) key = shape_key(op, arguments);
+  // The fused optimizers return early, checking nothing, when found_inf is
+  // set: a first call that passed may have validated nothing.
+  const bool fused = schema.name().rfind("aten::_fused_", 0) == 0;
+  if (writes_only_arguments(schema) && !fused) key = shape_key(op, arguments);
   if (!key.empty()) {
     PassedShapes& passed = passed_shapes();
     bool seen;
