@@ -75,8 +75,9 @@ c10::Device device_of_arguments(const c10::OperatorHandle& op,
 //< ch23 device-of-arguments
 
 //> ch23 on-device-kernel
-// Runs the op's CPU kernel on device views (which wait for the device's
-// stream first, like any host access). Three kinds of result:
+// Runs the op's CPU kernel on device views of its arguments, on `device`
+// (on_stream_kernel below runs it on the stream's worker). Three kinds of
+// result:
 //  - in-place arguments are device views: written where they live;
 //  - an out= argument is a device view too when it has elements, so the CPU
 //    kernel checks overlap and resizes as it would on the CPU. An empty one
@@ -84,13 +85,43 @@ c10::Device device_of_arguments(const c10::OperatorHandle& op,
 //    kernel sizes as it likes; the device tensor takes its shape and strides
 //    and is filled from it;
 //  - new results come back as CPU tensors and move to the device.
-void on_device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+//
+// An argument as the CPU kernel takes it: tensors, in lists too, as views.
+c10::IValue viewed(DeviceViews& view, const c10::IValue& v) {
+  if (v.isTensor()) return view(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> views;
+    for (const at::Tensor& t : v.toTensorList()) views.push_back(view(t));
+    return views;
+  }
+  if (v.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> views;
+    for (const std::optional<at::Tensor> t : v.toOptionalTensorList())
+      views.push_back(t ? std::optional(view(*t)) : std::nullopt);
+    return views;
+  }
+  return v;
+}
+
+// The argument that result `r` aliases (in-place, out=), which the op returns.
+const c10::IValue& aliased_argument(const c10::FunctionSchema& schema, size_t r,
+                                    const std::vector<c10::IValue>& originals) {
+  const auto* alias = schema.returns()[r].alias_info();
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto* argument_alias = schema.arguments()[i].alias_info();
+    if (argument_alias && argument_alias->beforeSets() == alias->beforeSets())
+      return originals[i];
+  }
+  TORCH_INTERNAL_ASSERT(false, schema.operator_name(), ": result ", r, " aliases no argument");
+}
+
+void on_device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                      c10::Device device) {
   const auto& schema = op.schema();
   const auto& arguments = schema.arguments();
   const size_t base = stack->size() - arguments.size();
   const std::vector<c10::IValue> originals(stack->begin() + static_cast<std::ptrdiff_t>(base),
                                            stack->end());
-  const c10::Device device = device_of_arguments(op, originals);
 
   DeviceViews view;
   std::vector<std::pair<size_t, at::Tensor>> outs;  // (argument, what the kernel wrote)
@@ -107,17 +138,8 @@ void on_device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                              ? at::empty({0}, t.options().device(c10::kCPU))
                              : view(t));
         if (out) outs.emplace_back(i, stack->back().toTensor());
-      } else if (v.isTensorList()) {
-        c10::List<at::Tensor> views;
-        for (const at::Tensor& t : v.toTensorList()) views.push_back(view(t));
-        stack->push_back(views);
-      } else if (v.isOptionalTensorList()) {
-        c10::List<std::optional<at::Tensor>> views;
-        for (const std::optional<at::Tensor> t : v.toOptionalTensorList())
-          views.push_back(t ? std::optional(view(*t)) : std::nullopt);
-        stack->push_back(views);
       } else {
-        stack->push_back(v);
+        stack->push_back(viewed(view, v));
       }
     }
   };
@@ -166,14 +188,7 @@ void on_device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t r = 0; r < returns.size(); ++r) {
     c10::IValue& v = results[static_cast<std::ptrdiff_t>(r)];
     if (const auto* alias = returns[r].alias_info(); alias && alias->isWrite()) {
-      bool found = false;
-      for (size_t i = 0; i < arguments.size() && !found; ++i) {
-        const auto* argument_alias = arguments[i].alias_info();
-        found = argument_alias && argument_alias->beforeSets() == alias->beforeSets();
-        if (found) v = originals[i];
-      }
-      TORCH_INTERNAL_ASSERT(found, schema.operator_name(), ": result ", r,
-                            " aliases no argument");
+      v = aliased_argument(schema, r, originals);
     } else if (v.isTensor()) {
       v = on_device(v.toTensor(), device);
     } else if (v.isTensorList()) {
@@ -277,36 +292,19 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (seen) {
       DeviceViews view(DeviceViews::kForLaunch);
       std::vector<c10::IValue> held;
-      for (const c10::IValue& v : originals) {
-        if (v.isTensor()) {
-          held.emplace_back(view(v.toTensor()));
-        } else if (v.isTensorList()) {
-          c10::List<at::Tensor> views;
-          for (const at::Tensor& t : v.toTensorList()) views.push_back(view(t));
-          held.emplace_back(views);
-        } else {
-          held.emplace_back(v);
-        }
-      }
+      for (const c10::IValue& v : originals) held.push_back(viewed(view, v));
       launch_kernel(device.index(), name, [op, held = std::move(held)] {
         torch::jit::Stack kernel_stack(held);
         op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
       });
       // The results are the arguments they alias, as on_device_kernel returns them.
       stack->resize(stack->size() - count);
-      for (const auto& r : schema.returns()) {
-        for (size_t i = 0; i < count; ++i) {
-          const auto* alias = schema.arguments()[i].alias_info();
-          if (alias && alias->beforeSets() == r.alias_info()->beforeSets()) {
-            stack->push_back(originals[i]);
-            break;
-          }
-        }
-      }
+      for (size_t r = 0; r < schema.returns().size(); ++r)
+        stack->push_back(aliased_argument(schema, r, originals));
       return;
     }
   }
-  run_on_stream(device.index(), name, [&] { on_device_kernel(op, stack); });
+  run_on_stream(device.index(), name, [&] { on_device_kernel(op, stack, device); });
   if (!key.empty()) {
     PassedShapes& passed = passed_shapes();
     const std::lock_guard<std::mutex> lock(passed.mutex);
