@@ -11,6 +11,7 @@ they see the caller's stream, and what they raise keeps its Python type.
 from __future__ import annotations
 
 import importlib
+import textwrap
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import torch_acme  # noqa: F401 - registers torch.acme
+from conftest import LAST, run_in_stage
 
 pytestmark = pytest.mark.skipif(
     importlib.import_module("torch_acme._build_info").STAGE < 23,
@@ -97,3 +99,15 @@ def test_results_made_in_inference_mode_are_inference_tensors():
     with torch.inference_mode():
         y = F.layer_norm(x, (8,))
     assert y.is_inference()
+
+
+def test_a_body_waits_for_another_devices_stream():
+    # bernoulli_ on acme:0 copies p from acme:1 inside its body: the copy
+    # must wait for acme:1's stream, which is still busy filling p.
+    p = torch.zeros(4096, device="acme:1")
+    with torch.acme.device(1):
+        torch.acme._sleep(100_000)  # microseconds: p.fill_ below runs after it
+        p.fill_(1.0)
+    x = torch.empty(4096, device="acme:0").bernoulli_(p)
+    assert bool(x.cpu().eq(1).all())
+

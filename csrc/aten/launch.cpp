@@ -18,7 +18,9 @@
 #include <mutex>
 #include <string_view>
 #include <unordered_set>
+//> ch23 flag-include
 #include <utility>
+//< ch23 flag-include
 
 #include "aten/acme_check.h"
 
@@ -59,10 +61,10 @@ acmeStream_t current_stream(c10::DeviceIndex device) {
   // Any other id is the runtime's handle itself (chapter 6).
   return reinterpret_cast<acmeStream_t>(static_cast<uintptr_t>(stream.id()));
 }
-
 //> ch23 inside-kernel-flag
+
 namespace {
-thread_local bool running_a_kernel = false;
+thread_local c10::DeviceIndex running_device = -1;
 
 // How many CPU threads the device's kernels use: the intra-op thread count
 // when acme was loaded, before any DataLoader ran. Read later, it may be 1:
@@ -76,7 +78,12 @@ int device_threads() {
 [[maybe_unused]] const int device_threads_at_load = device_threads();  // read it now
 }  // namespace
 
-bool inside_kernel() { return running_a_kernel; }
+c10::DeviceIndex running_kernel_device() { return running_device; }
+
+RunningKernel::RunningKernel(c10::DeviceIndex device)
+    : before_(std::exchange(running_device, device)) {}
+
+RunningKernel::~RunningKernel() { running_device = before_; }
 
 c10::Stream current_c10_stream(c10::DeviceIndex device) {
   return c10::impl::getDeviceGuardImpl(kAcme)->getStream(c10::Device(kAcme, device));
@@ -105,16 +112,7 @@ int run_kernel_body(void (*call)(void*), void* body, char* message, size_t size)
     // device work, not a host op for the profiler (chapter 19) to list.
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     const at::RecordFunctionGuard not_a_host_op(false);
-//> ch18 run-body < ch23 run-body
-//     call(body);
-//< ch18 run-body
-//> ch23 run-body
-    const struct Running {
-      bool before = std::exchange(running_a_kernel, true);
-      ~Running() { running_a_kernel = before; }
-    } running;
     call(body);
-//< ch23 run-body
     return 0;
   } catch (const c10::Error& e) {
     std::snprintf(message, size, "%s", e.what_without_backtrace());
@@ -156,16 +154,13 @@ void check_once(const char* name, c10::ArrayRef<int64_t> key, const std::functio
 
 void wait_for_stream(c10::DeviceIndex device) {
 //> ch23 wait-inside
-  if (inside_kernel()) return;  // the stream is here: what came before has run
+  if (device == running_kernel_device()) return;  // the stream is here already
 //< ch23 wait-inside
   ACME_CHECK(acmeStreamSynchronize(current_stream(device)));
 }
 
 void stream_wait(c10::DeviceIndex waiting, c10::DeviceIndex done) {
   if (waiting == done) return;  // one stream orders itself
-//> ch23 stream-wait-inside
-  if (inside_kernel()) return;  // a kernel's own copies run as it does, in order
-//< ch23 stream-wait-inside
   auto* impl = c10::impl::getDeviceGuardImpl(kAcme);
   c10::Event event(kAcme);
   event.record(impl->getStream(c10::Device(kAcme, done)));

@@ -51,11 +51,25 @@ void wait_for_stream(c10::DeviceIndex device);
 // Work queued on the current stream of `waiting` from now on starts only once
 // the current stream of `done` has run what is queued on it now.
 void stream_wait(c10::DeviceIndex waiting, c10::DeviceIndex done);
-
 //> ch23 inside-kernel
-// True on a stream's worker while it runs one of the glue's kernels. There,
-// launches run at once and waits return at once: the stream has got here.
-bool inside_kernel();
+
+// On a stream's worker, while a run_on_stream body (below) runs: the body's
+// device, else -1. Launches on that device run at once and waits for it
+// return at once: its stream has got here. Other devices are waited for and
+// launched on as from the host.
+c10::DeviceIndex running_kernel_device();
+
+// Marks this thread as running a body for `device`, until destroyed.
+class RunningKernel {
+ public:
+  explicit RunningKernel(c10::DeviceIndex device);
+  ~RunningKernel();
+  RunningKernel(const RunningKernel&) = delete;
+  RunningKernel& operator=(const RunningKernel&) = delete;
+
+ private:
+  c10::DeviceIndex before_;
+};
 //< ch23 inside-kernel
 
 // ---- how launch_kernel hands a C++ callable to the runtime's C interface ----
@@ -69,7 +83,7 @@ void launch_on(c10::DeviceIndex device, const char* name, acmeKernelFunction run
 template <class Kernel>
 void launch_kernel(c10::DeviceIndex device, const char* name, Kernel kernel) {
 //> ch23 launch-inline
-  if (inside_kernel()) return kernel();  // what it throws is the enclosing kernel's
+  if (device == running_kernel_device()) return kernel();  // what it throws is the body's
 //< ch23 launch-inline
   auto run = [](void* body, char* message, size_t size) {
     return run_kernel_body([](void* b) { (*static_cast<Kernel*>(b))(); }, body, message, size);
@@ -77,8 +91,8 @@ void launch_kernel(c10::DeviceIndex device, const char* name, Kernel kernel) {
   auto release = [](void* body) { delete static_cast<Kernel*>(body); };
   launch_on(device, name, run, new Kernel(std::move(kernel)), release);
 }
-
 //> ch23 run-on-stream
+
 // Runs `body` as a kernel on the current stream of `device` and waits for it.
 // For kernels whose host side needs their results at once (a result whose
 // size depends on the data, a value to branch on): their arithmetic still
@@ -91,7 +105,7 @@ c10::Stream set_current_stream_here(const c10::Stream& stream);  // returns the 
 template <class Body>
 auto run_on_stream(c10::DeviceIndex device, const char* name, Body&& body) -> decltype(body()) {
   using Result = decltype(body());
-  if (inside_kernel()) return body();
+  if (device == running_kernel_device()) return body();
   // A reference result travels as a pointer, no result as a flag.
   using Kept = std::conditional_t<std::is_void_v<Result>, bool,
                std::conditional_t<std::is_reference_v<Result>,
@@ -112,6 +126,7 @@ auto run_on_stream(c10::DeviceIndex device, const char* name, Body&& body) -> de
         ~StreamHere() { set_current_stream_here(before); }
       } stream_here{set_current_stream_here(stream)};
       const c10::WarningUtils::WarningHandlerGuard warnings_here(warnings);
+      const RunningKernel running(device);
       std::optional<c10::InferenceMode> inference_here;
       if (inference) inference_here.emplace();  // (off, it would undo the worker's guards)
       if constexpr (std::is_void_v<Result>) {

@@ -69,8 +69,8 @@ struct Event {
 struct Stream;
 // The stream whose worker this thread is, while it runs an item of its queue.
 thread_local const Stream* serving = nullptr;
-//< ch23 serving
 
+//< ch23 serving
 //> ch06 runtime-stream
 struct Stream {
   uint64_t id;
