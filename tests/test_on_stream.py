@@ -111,3 +111,29 @@ def test_a_body_waits_for_another_devices_stream():
     x = torch.empty(4096, device="acme:0").bernoulli_(p)
     assert bool(x.cpu().eq(1).all())
 
+
+def test_empty_cache_on_another_thread_while_a_kernel_allocates():
+    # A kernel body allocates on the stream's worker. empty_cache used to
+    # free segments (acmeFree waits for the streams) holding the cache's
+    # lock, which the worker needed: both waited for ever.
+    result = run_in_stage(LAST, textwrap.dedent("""
+        import threading
+        import torch, torch_acme
+        import torch.nn.functional as F
+        stop = threading.Event()
+        def churn():
+            while not stop.is_set():
+                torch.acme.empty_cache()
+        thread = threading.Thread(target=churn)
+        thread.start()
+        q = torch.randn(8, 4, 64, 16, device="acme")
+        for _ in range(300):
+            F.scaled_dot_product_attention(q, q, q)
+            spare = torch.empty(4 << 20, device="acme")  # a whole segment to give back
+            del spare
+        torch.acme.synchronize()
+        stop.set()
+        thread.join()
+        print("done")
+    """))
+    assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-2000:]

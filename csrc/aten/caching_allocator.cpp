@@ -131,13 +131,23 @@ class DeviceCache {
 
   //> ch12 cache-allocate
   Block* allocate(size_t size, c10::StreamId stream) {
-    std::lock_guard<std::mutex> lock(mutex_);
+//> ch12 allocate-lock < ch23 allocate-lock
+//     std::lock_guard<std::mutex> lock(mutex_);
+//< ch12 allocate-lock
+//> ch23 allocate-lock
+    std::unique_lock<std::mutex> lock(mutex_);  // new_segment may let go of it
+//< ch23 allocate-lock
     process_events();
     const size_t rounded = round_size(size);
     const bool small = rounded <= kSmallRequest;
     Pool& pool = small ? small_ : large_;
     Block* block = take_free(pool, stream, rounded);
-    if (!block) block = new_segment(size, rounded, small, stream);
+//> ch12 allocate-segment < ch23 allocate-segment
+//     if (!block) block = new_segment(size, rounded, small, stream);
+//< ch12 allocate-segment
+//> ch23 allocate-segment
+    if (!block) block = new_segment(lock, size, rounded, small, stream);
+//< ch23 allocate-segment
     // Split off the rest if it is worth keeping apart: any remainder in the
     // small pool, more than 1 MiB in the large one.
     const size_t rest = block->size - rounded;
@@ -221,8 +231,14 @@ class DeviceCache {
 
   // Returns every whole free segment to the runtime; true if any was.
   bool empty_cache() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return release_cached(/*wait_for_streams=*/true);
+//> ch12 empty-cache < ch23 empty-cache
+//     std::lock_guard<std::mutex> lock(mutex_);
+//     return release_cached(/*wait_for_streams=*/true);
+//< ch12 empty-cache
+//> ch23 empty-cache
+    std::unique_lock<std::mutex> lock(mutex_);
+    return release_cached(lock);
+//< ch23 empty-cache
   }
 
   DeviceStats stats() {
@@ -298,13 +314,24 @@ class DeviceCache {
   // A fresh segment from the runtime, as one block. When the device is full,
   // the cache goes back to the runtime and the request is tried once more
   // (and, on a small device, with a segment of exactly the rounded size).
-  Block* new_segment(size_t requested, size_t rounded, bool small, c10::StreamId stream) {
+//> ch12 new-segment-head < ch23 new-segment-head
+//   Block* new_segment(size_t requested, size_t rounded, bool small, c10::StreamId stream) {
+//< ch12 new-segment-head
+//> ch23 new-segment-head
+  Block* new_segment(std::unique_lock<std::mutex>& lock, size_t requested, size_t rounded,
+                     bool small, c10::StreamId stream) {
+//< ch23 new-segment-head
     size_t size = segment_size(rounded);
     void* ptr = nullptr;
     acmeError_t err = acmeMallocOnDevice(&ptr, size, device_);
     if (err == acmeErrorMemoryAllocation) {
       ++stats_.num_alloc_retries;
-      release_cached(/*wait_for_streams=*/true);
+//> ch12 new-segment-release < ch23 new-segment-release
+//       release_cached(/*wait_for_streams=*/true);
+//< ch12 new-segment-release
+//> ch23 new-segment-release
+      release_cached(lock);
+//< ch23 new-segment-release
       err = acmeMallocOnDevice(&ptr, size, device_);
       if (err == acmeErrorMemoryAllocation && size > rounded) {
         size = rounded;
@@ -393,13 +420,57 @@ class DeviceCache {
     }
   }
 
-  bool release_cached(bool wait_for_streams) {
-    if (wait_for_streams && !pending_.empty()) {
+//> ch12 release-cached < ch23 release-cached
+//   bool release_cached(bool wait_for_streams) {
+//     if (wait_for_streams && !pending_.empty()) {
+//       ++stats_.num_sync_all_streams;
+//       for (auto& [event, block] : pending_) event.synchronize();
+//       process_events();
+//     }
+//     bool released = false;
+//     for (Pool* pool : {&small_, &large_}) {
+//       for (auto it = pool->begin(); it != pool->end();) {
+//         Block* block = *it;
+//         if (block->is_split()) {  // part of a segment still in use
+//           ++it;
+//           continue;
+//         }
+//         it = pool->erase(it);
+//         const acmeError_t err = acmeFree(block->ptr);
+//         if (err != acmeSuccess) {
+//           TORCH_WARN(kAcme, ": returning a cached segment failed: ", acmeGetErrorName(err), ": ",
+//                      acmeGetLastErrorMessage());
+//         }
+//         ++stats_.num_device_free;
+//         segments_.erase(block);
+//         count(stats_.segment, block->small, -1);
+//         count(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
+//         delete block;
+//         released = true;
+//       }
+//     }
+//     return released;
+//   }
+//< ch12 release-cached
+//> ch23 release-cached
+  // Returns every whole free segment to the runtime, after waiting for the
+  // streams that still use freed blocks; true if any went back. It waits and
+  // frees (acmeFree waits for the device) with `lock` let go: from chapter 23
+  // kernels allocate on their stream's worker, and a worker stopped at this
+  // mutex while its holder waits for that worker's stream would never come.
+  bool release_cached(std::unique_lock<std::mutex>& lock) {
+    if (!pending_.empty()) {
       ++stats_.num_sync_all_streams;
-      for (auto& [event, block] : pending_) event.synchronize();
+      decltype(pending_) waiting;
+      waiting.swap(pending_);  // frees recorded meanwhile queue up anew
+      lock.unlock();
+      for (auto& [event, block] : waiting) event.synchronize();
+      lock.lock();
+      for (auto& [event, block] : waiting)
+        if (--block->pending_events == 0) release(block);
       process_events();
     }
-    bool released = false;
+    std::vector<Block*> whole;  // taken out of the cache now, freed unlocked
     for (Pool* pool : {&small_, &large_}) {
       for (auto it = pool->begin(); it != pool->end();) {
         Block* block = *it;
@@ -408,21 +479,27 @@ class DeviceCache {
           continue;
         }
         it = pool->erase(it);
-        const acmeError_t err = acmeFree(block->ptr);
-        if (err != acmeSuccess) {
-          TORCH_WARN(kAcme, ": returning a cached segment failed: ", acmeGetErrorName(err), ": ",
-                     acmeGetLastErrorMessage());
-        }
         ++stats_.num_device_free;
         segments_.erase(block);
         count(stats_.segment, block->small, -1);
         count(stats_.reserved_bytes, block->small, -static_cast<int64_t>(block->size));
-        delete block;
-        released = true;
+        whole.push_back(block);
       }
     }
-    return released;
+    if (whole.empty()) return false;
+    lock.unlock();
+    for (Block* block : whole) {
+      const acmeError_t err = acmeFree(block->ptr);
+      if (err != acmeSuccess) {
+        TORCH_WARN(kAcme, ": returning a cached segment failed: ", acmeGetErrorName(err), ": ",
+                   acmeGetLastErrorMessage());
+      }
+      delete block;
+    }
+    lock.lock();
+    return true;
   }
+//< ch23 release-cached
 
   const c10::DeviceIndex device_;
   const bool poison_ = acmeCheckedMode() == 2;
