@@ -11,6 +11,7 @@ they see the caller's stream, and what they raise keeps its Python type.
 from __future__ import annotations
 
 import importlib
+import time
 import textwrap
 
 import pytest
@@ -137,3 +138,31 @@ def test_empty_cache_on_another_thread_while_a_kernel_allocates():
         print("done")
     """))
     assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-2000:]
+
+
+def test_a_body_does_not_reuse_memory_freed_after_its_launch():
+    # Thread B's cat runs on the stream after a 100 ms kernel, and allocates
+    # its result then. Meanwhile the main thread queues y = t * 1 behind it
+    # and frees t: the caching allocator may hand t's block out again only to
+    # work queued after y, never to the body queued before it.
+    import threading
+    n = 1 << 16
+    x = torch.zeros(n, device="acme")
+    t = torch.full((2 * n,), 7.0, device="acme")
+    torch.acme.synchronize()
+    torch.acme._sleep(100_000)  # microseconds
+    launched = threading.Event()
+    results = []
+
+    def concatenate():
+        launched.set()
+        results.append(torch.cat([x, x]))
+
+    thread = threading.Thread(target=concatenate)
+    thread.start()
+    launched.wait()
+    time.sleep(0.02)  # the cat is queued, waiting behind the sleep
+    y = t * 1
+    del t
+    thread.join()
+    assert bool(y.cpu().eq(7).all()) and bool(results[0].cpu().eq(0).all())

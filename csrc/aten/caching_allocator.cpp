@@ -27,6 +27,9 @@
 #include <set>
 #include <string>
 #include <unordered_set>
+//> ch23 fence-include
+#include <utility>
+//< ch23 fence-include
 #include <vector>
 
 #include "aten/acme_check.h"
@@ -69,6 +72,12 @@ std::string human(size_t bytes) {
   std::snprintf(text, sizeof text, "%.2f %s", value, units[unit]);
   return text;
 }
+//> ch23 reuse-fence-state
+
+// Counts blocks going back to a pool, on every device (reuse-fence in allocator.h).
+std::atomic<uint64_t> freed_counter{0};
+thread_local uint64_t reuse_limit = UINT64_MAX;  // any block, outside a kernel body
+//< ch23 reuse-fence-state
 
 // A piece of a segment, handed out whole to one storage.
 struct Block {
@@ -83,6 +92,9 @@ struct Block {
   Block* next = nullptr;
   std::vector<c10::Stream> stream_uses;  // other streams that used it (recordStream)
   int pending_events = 0;                // events to pass before it may be reused
+//> ch23 block-freed-at
+  uint64_t freed_at = 0;  // blocks_freed_so_far() when it last went back to a pool
+//< ch23 block-freed-at
 
   bool is_split() const { return prev || next; }
 };
@@ -153,6 +165,9 @@ class DeviceCache {
     const size_t rest = block->size - rounded;
     if (small ? rest >= kRound : rest > kSmallRequest) {
       auto* tail = new Block{device_, stream, rest, static_cast<char*>(block->ptr) + rounded, small};
+//> ch23 tail-freed-at
+      tail->freed_at = block->freed_at;  // the same memory, free since then
+//< ch23 tail-freed-at
       tail->prev = block;
       tail->next = block->next;
       if (tail->next) tail->next->prev = tail;
@@ -292,6 +307,9 @@ class DeviceCache {
   Block* take_free(Pool& pool, c10::StreamId stream, size_t size) {
     Block key{device_, stream, size, nullptr, false};
     auto it = pool.lower_bound(&key);
+//> ch23 take-freed-before
+    while (it != pool.end() && (*it)->stream == stream && (*it)->freed_at > reuse_limit) ++it;
+//< ch23 take-freed-before
     if (it == pool.end() || (*it)->stream != stream) return nullptr;
     Block* block = *it;
     pool.erase(it);
@@ -405,6 +423,9 @@ class DeviceCache {
       block->size += neighbour->size;
       delete neighbour;
     }
+//> ch23 release-freed-at
+    block->freed_at = freed_counter.fetch_add(1) + 1;
+//< ch23 release-freed-at
     put_free(block);
   }
   //< ch12 release
@@ -625,6 +646,15 @@ c10::Allocator* device_allocator() { return &caching_allocator(); }
 std::vector<SegmentSnapshot> memory_snapshot(int device) {
   return caching_allocator().snapshot(static_cast<c10::DeviceIndex>(device));
 }
+//> ch23 reuse-fence-api
+
+uint64_t blocks_freed_so_far() { return freed_counter.load(); }
+
+ReuseOnlyFreedBefore::ReuseOnlyFreedBefore(uint64_t limit)
+    : before_(std::exchange(reuse_limit, limit)) {}
+
+ReuseOnlyFreedBefore::~ReuseOnlyFreedBefore() { reuse_limit = before_; }
+//< ch23 reuse-fence-api
 
 }  // namespace acme
 

@@ -12,9 +12,12 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <exception>
 #include <optional>
 #include <type_traits>
+
+#include "aten/allocator.h"
 //< ch23 run-on-stream-includes
 #include <c10/util/ArrayRef.h>
 
@@ -116,6 +119,9 @@ auto run_on_stream(c10::DeviceIndex device, const char* name, Body&& body) -> de
   // The caller's thread-local state that a kernel's results depend on.
   c10::WarningHandler* const warnings = c10::WarningUtils::get_warning_handler();
   const bool inference = c10::InferenceMode::is_enabled();
+  // The body allocates later than the host queued it: blocks freed from now
+  // on may have users queued behind it, and stay untouched (allocator.h).
+  const uint64_t freed_before = blocks_freed_so_far();
   launch_kernel(device, name, [&] {
     try {
       // The caller's stream is current here too: memory the body allocates
@@ -127,6 +133,7 @@ auto run_on_stream(c10::DeviceIndex device, const char* name, Body&& body) -> de
       } stream_here{set_current_stream_here(stream)};
       const c10::WarningUtils::WarningHandlerGuard warnings_here(warnings);
       const RunningKernel running(device);
+      const ReuseOnlyFreedBefore reuse(freed_before);
       std::optional<c10::InferenceMode> inference_here;
       if (inference) inference_here.emplace();  // (off, it would undo the worker's guards)
       if constexpr (std::is_void_v<Result>) {
