@@ -4,7 +4,7 @@ Until chapter 23, attention, convolution, the random kernels and the
 training kernels computed on whichever thread called them (the host, or
 autograd's device thread) after waiting for the stream. From chapter 23
 they run as kernels on the stream's worker while the caller waits
-(run_on_stream in csrc/aten/launch.h): they show on the device's timeline,
+(run_on_stream in csrc/aten/run_on_stream.h): they show on the device's timeline,
 they see the caller's stream, and what they raise keeps its Python type.
 """
 

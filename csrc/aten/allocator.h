@@ -30,23 +30,4 @@ struct SegmentSnapshot {
 };
 std::vector<SegmentSnapshot> memory_snapshot(int device);
 //< ch12 snapshot
-//> ch23 reuse-fence
-// A kernel body that runs on the stream (run_on_stream, chapter 23) runs
-// after work the host queued before it, but allocates at that point: a
-// block freed meanwhile may still have users queued behind the body. While a
-// ReuseOnlyFreedBefore(limit) lives on a thread, its allocations reuse only
-// blocks freed before blocks_freed_so_far() returned `limit`.
-uint64_t blocks_freed_so_far();
-
-class ReuseOnlyFreedBefore {
- public:
-  explicit ReuseOnlyFreedBefore(uint64_t limit);
-  ~ReuseOnlyFreedBefore();
-  ReuseOnlyFreedBefore(const ReuseOnlyFreedBefore&) = delete;
-  ReuseOnlyFreedBefore& operator=(const ReuseOnlyFreedBefore&) = delete;
-
- private:
-  uint64_t before_;
-};
-//< ch23 reuse-fence
 }  // namespace acme

@@ -35,6 +35,9 @@
 
 #include "aten/device_views.h"
 #include "aten/generator.h"
+//> ch23 attention-on-stream-include
+#include "aten/run_on_stream.h"
+//< ch23 attention-on-stream-include
 
 namespace acme {
 namespace {

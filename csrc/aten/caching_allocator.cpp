@@ -37,6 +37,9 @@
 //> ch18 cache-launch-include
 #include "aten/launch.h"
 //< ch18 cache-launch-include
+//> ch23 fence-header
+#include "aten/reuse_fence.h"
+//< ch23 fence-header
 
 namespace acme {
 namespace {

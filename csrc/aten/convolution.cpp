@@ -15,6 +15,9 @@
 #include <tuple>
 
 #include "aten/device_views.h"
+//> ch23 convolution-on-stream-include
+#include "aten/run_on_stream.h"
+//< ch23 convolution-on-stream-include
 
 namespace acme {
 namespace {

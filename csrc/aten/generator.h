@@ -44,13 +44,6 @@ inline PhiloxBlock philox_block(uint64_t seed, uint64_t block) {
                        {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
 }
 
-//> ch23 philox-batch
-// Blocks first .. first + count - 1 (count at most kPhiloxBatch) at once, word
-// k of block first + j in words[k][j]: philox_block's numbers, faster.
-constexpr int kPhiloxBatch = 32;
-void philox_batch(uint64_t seed, uint64_t first, int count, uint32_t (&words)[4][kPhiloxBatch]);
-
-//< ch23 philox-batch
 // The blocks a kernel may use: seed, and the first block of its range.
 struct PhiloxRange {
   uint64_t seed;

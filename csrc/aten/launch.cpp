@@ -23,6 +23,9 @@
 //< ch23 flag-include
 
 #include "aten/acme_check.h"
+//> ch23 run-on-stream-include
+#include "aten/run_on_stream.h"
+//< ch23 run-on-stream-include
 
 namespace acme {
 namespace {
@@ -65,6 +68,8 @@ acmeStream_t current_stream(c10::DeviceIndex device) {
 
 namespace {
 thread_local c10::DeviceIndex running_device = -1;
+// Set by launch_on for a kernel it runs inside a body, read by run_kernel_body.
+thread_local bool launched_inside_body = false;
 
 // How many CPU threads the device's kernels use: the intra-op thread count
 // when acme was loaded, before any DataLoader ran. Read later, it may be 1:
@@ -107,6 +112,14 @@ int run_kernel_body(void (*call)(void*), void* body, char* message, size_t size)
   thread_local const bool threads_set = (at::set_num_threads(device_threads()), true);
   (void)threads_set;
 //< ch23 worker-threads
+//> ch23 body-inline
+  // Inside a body, under its guards already: what the kernel throws is the
+  // body's, its type intact.
+  if (std::exchange(launched_inside_body, false)) {
+    call(body);
+    return 0;
+  }
+//< ch23 body-inline
   try {
     // A kernel computes on CPU views that nothing differentiates, and it is
     // device work, not a host op for the profiler (chapter 19) to list.
@@ -126,6 +139,14 @@ int run_kernel_body(void (*call)(void*), void* body, char* message, size_t size)
 
 void launch_on(c10::DeviceIndex device, const char* name, acmeKernelFunction run, void* args,
                void (*release)(void*)) {
+//> ch23 launch-inline
+  if (device == running_kernel_device()) {  // inside a body: its stream has got here
+    const std::unique_ptr<void, void (*)(void*)> owned(args, release);
+    launched_inside_body = true;
+    run(args, nullptr, 0);
+    return;
+  }
+//< ch23 launch-inline
   // The runtime releases `args` in every case, a failed launch included.
   ACME_CHECK(acmeLaunchKernel(current_stream(device), name, run, args, release));
 }

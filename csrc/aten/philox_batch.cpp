@@ -5,6 +5,8 @@
 // eight to an AVX2 register and four registers in flight, keep it busy: the
 // same numbers, about five times faster. CPUs without AVX2 take the scalar
 // path, block by block.
+#include "aten/philox_batch.h"
+
 #include "aten/generator.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

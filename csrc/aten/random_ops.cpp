@@ -30,6 +30,10 @@
 //> ch18 random-launch-include
 #include "aten/launch.h"
 //< ch18 random-launch-include
+//> ch23 random-on-stream-include
+#include "aten/philox_batch.h"
+#include "aten/run_on_stream.h"
+//< ch23 random-on-stream-include
 
 namespace acme {
 namespace {

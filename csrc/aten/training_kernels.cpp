@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "aten/device_views.h"
+#include "aten/run_on_stream.h"
 
 namespace acme {
 namespace {

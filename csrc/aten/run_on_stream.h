@@ -1,0 +1,139 @@
+//@ ch23
+// Kernels whose host side needs their results at once, run on the stream
+// (chapter 23): the body is launched on the caller's current stream and the
+// caller waits for it, so its arithmetic runs where every other kernel runs,
+// on the stream's worker, with the device's threads.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/Stream.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "aten/launch.h"
+#include "aten/reuse_fence.h"
+
+namespace acme {
+
+// On a stream's worker, while a run_on_stream body (below) runs: the body's
+// device, else -1. Launches on that device run at once and waits for it
+// return at once: its stream has got here. Other devices are waited for and
+// launched on as from the host.
+c10::DeviceIndex running_kernel_device();
+
+// Marks this thread as running a body for `device`, until destroyed.
+class RunningKernel {
+ public:
+  explicit RunningKernel(c10::DeviceIndex device);
+  ~RunningKernel();
+  RunningKernel(const RunningKernel&) = delete;
+  RunningKernel& operator=(const RunningKernel&) = delete;
+
+ private:
+  c10::DeviceIndex before_;
+};
+
+// Runs `body` as a kernel on the current stream of `device` and waits for it.
+// For kernels whose host side needs their results at once (a result whose
+// size depends on the data, a value to branch on): their arithmetic still
+// runs where every other kernel runs, on the stream's worker, and the body
+// may use the caller's locals, since the caller waits. What the body throws
+// is rethrown here, its type intact (an IndexError stays an IndexError).
+c10::Stream current_c10_stream(c10::DeviceIndex device);
+c10::Stream set_current_stream_here(const c10::Stream& stream);  // returns the one before
+
+template <class Body>
+auto run_on_stream(c10::DeviceIndex device, const char* name, Body&& body) -> decltype(body()) {
+  using Result = decltype(body());
+  if (device == running_kernel_device()) return body();
+  // A reference result travels as a pointer, no result as a flag.
+  using Kept = std::conditional_t<std::is_void_v<Result>, bool,
+               std::conditional_t<std::is_reference_v<Result>,
+                                  std::remove_reference_t<Result>*, Result>>;
+  std::optional<Kept> result;
+  std::exception_ptr error;
+  const c10::Stream stream = current_c10_stream(device);
+  // The caller's thread-local state that a kernel's results depend on.
+  c10::WarningHandler* const warnings = c10::WarningUtils::get_warning_handler();
+  const bool inference = c10::InferenceMode::is_enabled();
+  // The body allocates later than the host queued it: blocks freed from now
+  // on may have users queued behind it, and stay untouched (allocator.h).
+  const uint64_t freed_before = blocks_freed_so_far();
+  launch_kernel(device, name, [&] {
+    try {
+      // The caller's stream is current here too: memory the body allocates
+      // belongs to it, as if the host had allocated it. Warnings go where
+      // the caller's go (Python's warnings module).
+      const struct StreamHere {
+        c10::Stream before;
+        ~StreamHere() { set_current_stream_here(before); }
+      } stream_here{set_current_stream_here(stream)};
+      const c10::WarningUtils::WarningHandlerGuard warnings_here(warnings);
+      const RunningKernel running(device);
+      const ReuseOnlyFreedBefore reuse(freed_before);
+      std::optional<c10::InferenceMode> inference_here;
+      if (inference) inference_here.emplace();  // (off, it would undo the worker's guards)
+      if constexpr (std::is_void_v<Result>) {
+        body();
+        result.emplace(true);
+      } else if constexpr (std::is_reference_v<Result>) {
+        result.emplace(&body());
+      } else {
+        result.emplace(body());
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  wait_for_stream(device);  // the body has run when this returns, even by throwing
+  if (error) std::rethrow_exception(error);
+  TORCH_INTERNAL_ASSERT(result, name, ": the kernel did not run");
+  if constexpr (std::is_reference_v<Result>) {
+    return **result;
+  } else if constexpr (!std::is_void_v<Result>) {
+    return std::move(*result);
+  }
+}
+
+// A kernel's name as a template argument: OnStream<"aten::op", kernel>.
+template <size_t N>
+struct KernelName {
+  constexpr KernelName(const char (&name)[N]) { std::copy_n(name, N, text); }
+  char text[N];
+};
+
+// The device of the first acme tensor among a kernel's arguments, or -1.
+template <class... Args>
+c10::DeviceIndex first_acme_device(const Args&... args) {
+  c10::DeviceIndex device = -1;
+  auto one = [&](const auto& a) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) {
+      if (device < 0 && a.defined() && a.device().type() == c10::DeviceType::PrivateUse1)
+        device = a.device().index();
+    }
+  };
+  (one(args), ...);
+  return device;
+}
+
+// A kernel written to run on the host, registered to run on the stream:
+// m.impl("op", TORCH_FN((OnStream<"aten::op", kernel>::call))).
+template <KernelName name, auto kernel, class Signature = decltype(kernel)>
+struct OnStream;
+template <KernelName name, auto kernel, class R, class... Args>
+struct OnStream<name, kernel, R (*)(Args...)> {
+  static R call(Args... args) {
+    const c10::DeviceIndex device = first_acme_device(args...);
+    if (device < 0) return kernel(std::forward<Args>(args)...);
+    return run_on_stream(device, name.text, [&]() -> R { return kernel(std::forward<Args>(args)...); });
+  }
+};
+
+}  // namespace acme
