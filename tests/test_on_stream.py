@@ -6,6 +6,8 @@ autograd's device thread) after waiting for the stream. From chapter 23
 they run as kernels on the stream's worker while the caller waits
 (run_on_stream in csrc/aten/run_on_stream.h): they show on the device's timeline,
 they see the caller's stream, and what they raise keeps its Python type.
+Once a call with given shapes has passed, the training kernels and
+convolution launch later calls with those shapes without waiting.
 """
 
 from __future__ import annotations
@@ -166,3 +168,57 @@ def test_a_body_does_not_reuse_memory_freed_after_its_launch():
     del t
     thread.join()
     assert bool(y.cpu().eq(7).all()) and bool(results[0].cpu().eq(0).all())
+
+
+def launched_or_waited(call):
+    """Runs `call` behind a 200 ms device kernel: 'launched' if it returned
+    with the stream still busy, 'waited' if it returned after the stream."""
+    torch.acme.synchronize()
+    torch.acme._sleep(200_000)  # microseconds
+    result = call()
+    busy = not torch.acme.current_stream().query()
+    torch.acme.synchronize()
+    return result, "launched" if busy else "waited"
+
+
+@pytest.mark.parametrize("op", ["gelu", "layer_norm", "conv2d"])
+def test_a_call_whose_shapes_passed_is_launched_without_waiting(op):
+    # The first call with given shapes waits for its kernel, and so learns the
+    # shapes of its results; a later call with the same shapes allocates them
+    # on the host and is launched, as a CUDA kernel is.
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 6, 7, device="acme")  # shapes no other test uses
+    w = torch.randn(4, 5, 3, 3, device="acme")
+    call = {"gelu": lambda t: F.gelu(t),
+            "layer_norm": lambda t: F.layer_norm(t, (7,)),
+            "conv2d": lambda t: F.conv2d(t, w if t.device.type == "acme" else w.cpu())}[op]
+    first, how = launched_or_waited(lambda: call(x))
+    assert how == "waited"
+    second, how = launched_or_waited(lambda: call(x))
+    assert how == "launched"
+    assert torch.equal(second.cpu(), first.cpu())
+    torch.testing.assert_close(second.cpu(), call(x.cpu()))
+    # Other shapes wait again.
+    y = torch.randn(2, 5, 6, 7, device="acme")
+    _, how = launched_or_waited(lambda: call(y))
+    assert how == "waited"
+
+
+def test_launched_backward_kernels_leave_unasked_gradients_undefined():
+    # No bias, no affine weight: the backward kernels' third result (and
+    # layer norm's second and third) is undefined. Launched calls make
+    # undefined results where the first call did, and the gradients match.
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 5)
+    w = torch.randn(4, 3, 3, 3)
+
+    def gradients(device):
+        xs, ws = (t.detach().to(device).requires_grad_() for t in (x, w))
+        out = F.layer_norm(F.conv2d(xs, ws), (3,))
+        (out * out).sum().backward()
+        return xs.grad.cpu(), ws.grad.cpu()
+
+    expected = gradients("cpu")
+    for _ in range(3):  # the first waits; the others are launched
+        for got, want in zip(gradients("acme"), expected):
+            torch.testing.assert_close(got, want)

@@ -60,6 +60,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
           on_device(grad_bias, device)};
 }
 //< ch13 conv-kernels
+//> ch23 conv-arithmetic
+
+// The two kernels' arithmetic alone, on CPU tensors (device views), for
+// their launches once a call with the same shapes has passed (chapter 23).
+at::Tensor convolution_on_views(const at::Tensor& input, const at::Tensor& weight,
+                                const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                at::IntArrayRef padding, at::IntArrayRef dilation,
+                                bool transposed, at::IntArrayRef output_padding, int64_t groups) {
+  return at::convolution(input, weight, bias, stride, padding, dilation, transposed,
+                         output_padding, groups);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_on_views(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+    at::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
+  const std::array<int64_t, 1> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
+  return at::convolution_backward(grad_output, input, weight, at::IntArrayRef(bias_sizes),
+                                  stride, padding, dilation, transposed, output_padding, groups,
+                                  output_mask);
+}
+//< ch23 conv-arithmetic
 
 }  // namespace
 }  // namespace acme
@@ -71,12 +93,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 //   m.impl("convolution_backward_overrideable", TORCH_FN(acme::convolution_backward));
 //< ch13 register-convolution-kernels
 //> ch23 register-convolution-kernels
-  // The kernels run on the stream's worker, the host waiting (chapter 23).
-  using acme::OnStream;
+  // The kernels run on the stream's worker: the first call with given shapes
+  // waiting, later ones launched (chapter 23).
+  using acme::LaunchedOnStream;
   m.impl("convolution_overrideable",
-         TORCH_FN((OnStream<"convolution", acme::convolution>::call)));
+         TORCH_FN((LaunchedOnStream<"convolution", acme::convolution,
+                                    acme::convolution_on_views>::call)));
   m.impl("convolution_backward_overrideable",
-         TORCH_FN((OnStream<"convolution backward", acme::convolution_backward>::call)));
+         TORCH_FN((LaunchedOnStream<"convolution backward", acme::convolution_backward,
+                                    acme::convolution_backward_on_views>::call)));
 //< ch23 register-convolution-kernels
 }
 //< ch13 register-convolution

@@ -11,12 +11,18 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <exception>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "aten/device_views.h"
 #include "aten/launch.h"
 #include "aten/reuse_fence.h"
 
@@ -133,6 +139,146 @@ struct OnStream<name, kernel, R (*)(Args...)> {
     const c10::DeviceIndex device = first_acme_device(args...);
     if (device < 0) return kernel(std::forward<Args>(args)...);
     return run_on_stream(device, name.text, [&]() -> R { return kernel(std::forward<Args>(args)...); });
+  }
+};
+
+// ---- kernels whose results' shapes follow from their arguments' shapes ----
+// Once a call with given shapes has run as above, and raised what the kernel
+// raises for them, later calls with those shapes need not wait: the host
+// allocates the results, shaped as that call's were, and launches the
+// arithmetic, as a CUDA op does.
+
+// Enough of a result to allocate it before the kernel runs.
+struct ResultLayout {
+  bool defined = false;
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
+template <class T>
+struct IsBoolArray : std::false_type {};
+template <size_t N>
+struct IsBoolArray<std::array<bool, N>> : std::true_type {};
+
+// Adds what `a` says about the results' shapes to `key`: false if the call
+// must wait (a tensor on another device, which the kernel refuses).
+template <class T>
+bool add_to_shape_key(std::vector<int64_t>& key, const T& a) {
+  using U = std::decay_t<T>;
+  if constexpr (std::is_same_v<U, at::Tensor>) {
+    if (!a.defined()) {
+      key.push_back(-1);
+      return true;
+    }
+    if (a.device().type() != c10::DeviceType::PrivateUse1) return false;
+    key.insert(key.end(), {a.device().index(), static_cast<int64_t>(a.scalar_type()), a.dim(),
+                           a.storage_offset()});
+    key.insert(key.end(), a.sizes().begin(), a.sizes().end());
+    key.insert(key.end(), a.strides().begin(), a.strides().end());
+    return true;
+  } else if constexpr (std::is_same_v<U, std::optional<at::Tensor>>) {
+    return a ? add_to_shape_key(key, *a) : (key.push_back(-2), true);
+  } else if constexpr (std::is_same_v<U, at::IntArrayRef>) {
+    key.push_back(static_cast<int64_t>(a.size()));
+    key.insert(key.end(), a.begin(), a.end());
+    return true;
+  } else if constexpr (IsBoolArray<U>::value) {
+    key.insert(key.end(), a.begin(), a.end());
+    return true;
+  } else if constexpr (std::is_integral_v<U>) {  // int64_t, bool
+    key.push_back(static_cast<int64_t>(a));
+    return true;
+  } else {
+    static_assert(std::is_floating_point_v<U>, "no shape key for this argument type");
+    return true;  // a factor, an epsilon: no shape follows from it
+  }
+}
+
+// An argument as the launched kernel keeps it: tensors as device views,
+// sizes copied (an IntArrayRef only borrows them).
+template <class T>
+auto kept_for_launch(DeviceViews& view, const T& a) {
+  using U = std::decay_t<T>;
+  if constexpr (std::is_same_v<U, at::Tensor>) {
+    return view(a);
+  } else if constexpr (std::is_same_v<U, std::optional<at::Tensor>>) {
+    return a ? std::optional<at::Tensor>(view(*a)) : std::optional<at::Tensor>();
+  } else if constexpr (std::is_same_v<U, at::IntArrayRef>) {
+    return a.vec();
+  } else {
+    return U(a);
+  }
+}
+
+// Calls f on each tensor of a result: one tensor, or a tuple of them.
+template <class R, class F>
+void for_each_result(R& results, F f) {
+  if constexpr (std::is_same_v<R, at::Tensor>) {
+    f(results);
+  } else {
+    std::apply([&](auto&... t) { (f(t), ...); }, results);
+  }
+}
+
+// A kernel registered to run on the stream, launched without waiting once
+// its shapes have passed: LaunchedOnStream<"name", kernel, compute>, where
+// `kernel` is the host kernel (what the first call runs, waiting) and
+// `compute` its arithmetic alone, with the same signature, on CPU tensors
+// (device views), returning CPU results.
+template <KernelName name, auto kernel, auto compute, class Signature = decltype(kernel)>
+struct LaunchedOnStream;
+template <KernelName name, auto kernel, auto compute, class R, class... Args>
+struct LaunchedOnStream<name, kernel, compute, R (*)(Args...)> {
+  static R call(Args... args) {
+    const c10::DeviceIndex device = first_acme_device(args...);
+    if (device < 0) return kernel(args...);
+    std::vector<int64_t> key;
+    const bool keyable = (add_to_shape_key(key, args) && ...);
+    static std::mutex mutex;
+    static std::map<std::vector<int64_t>, std::vector<ResultLayout>> passed;
+    std::optional<std::vector<ResultLayout>> layouts;
+    if (keyable) {
+      const std::lock_guard<std::mutex> lock(mutex);
+      if (const auto found = passed.find(key); found != passed.end()) layouts = found->second;
+    }
+    if (!layouts) {
+      R results = run_on_stream(device, name.text, [&]() -> R { return kernel(args...); });
+      if (keyable) {
+        std::vector<ResultLayout> made;
+        for_each_result(results, [&](const at::Tensor& t) {
+          made.push_back(t.defined() ? ResultLayout{true, t.sizes().vec(), t.strides().vec(),
+                                                    t.scalar_type()}
+                                     : ResultLayout{});
+        });
+        const std::lock_guard<std::mutex> lock(mutex);
+        passed.emplace(std::move(key), std::move(made));
+      }
+      return results;
+    }
+    R results;
+    std::vector<at::Tensor> written;
+    DeviceViews view(DeviceViews::kForLaunch);
+    size_t r = 0;
+    for_each_result(results, [&](at::Tensor& t) {
+      const ResultLayout& layout = (*layouts)[r++];
+      if (layout.defined) {
+        t = at::empty_strided(layout.sizes, layout.strides,
+                              at::TensorOptions(layout.dtype)
+                                  .device(c10::Device(c10::DeviceType::PrivateUse1, device)));
+      }
+      written.push_back(view(t));
+    });
+    launch_kernel(device, name.text,
+                  [written = std::move(written),
+                   kept = std::make_tuple(kept_for_launch(view, args)...)]() mutable {
+                    R computed = std::apply([](auto&... a) { return compute(a...); }, kept);
+                    size_t i = 0;
+                    for_each_result(computed, [&](const at::Tensor& t) {
+                      if (written[i].defined()) written[i].copy_(t);
+                      ++i;
+                    });
+                  });
+    return results;
   }
 };
 

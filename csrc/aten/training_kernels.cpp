@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -200,22 +201,40 @@ void on_device_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   }
 }
 
-// Whether the op writes only into its arguments: every result is one of
-// them (in-place), and no out= argument may need resizing.
-bool writes_only_arguments(const c10::FunctionSchema& schema) {
-  for (const auto& r : schema.returns()) {
-    if (!r.alias_info() || !r.alias_info()->isWrite()) return false;
-  }
+// What the host needs back from a kernel: nothing when every result is an
+// argument (in-place); the new results' sizes, strides and dtypes when they
+// follow from the arguments' shapes; otherwise the kernel's own answer.
+enum class Results { in_place, shaped_by_arguments, only_the_kernel_knows };
+
+Results results_of(const c10::FunctionSchema& schema) {
+  // An out= argument may need resizing to a size the kernel decides.
   for (const auto& a : schema.arguments()) {
-    if (a.is_out()) return false;
+    if (a.is_out()) return Results::only_the_kernel_knows;
   }
-  return true;
+  // Sizes that depend on values (nonzero, a boolean index), and checks of
+  // values, which the caller should see raised by the call itself (a class
+  // index out of range is an IndexError there, as on the CPU).
+  static const std::set<std::string> value_dependent{
+      "aten::nonzero", "aten::index", "aten::nll_loss_forward", "aten::nll_loss_backward",
+      "aten::embedding_dense_backward"};
+  if (value_dependent.count(schema.name())) return Results::only_the_kernel_knows;
+  const auto& returns = schema.returns();
+  const bool all_in_place = std::all_of(returns.begin(), returns.end(), [](const auto& r) {
+    return r.alias_info() && r.alias_info()->isWrite();
+  });
+  if (all_in_place) return Results::in_place;
+  const bool all_new = std::all_of(returns.begin(), returns.end(), [](const auto& r) {
+    return !r.alias_info() && r.type()->kind() == c10::TypeKind::TensorType;
+  });
+  return all_new ? Results::shaped_by_arguments : Results::only_the_kernel_knows;
 }
 
-// What a call's validity depends on besides values: each tensor's device,
-// dtype, sizes and strides, which arguments share memory, and the kinds of
-// the other arguments. Empty if an argument is a CPU tensor (read when the
-// kernel runs, the host may have changed it) or of a kind not keyed here.
+// What a call's validity and its results' shapes depend on besides the
+// tensors' values: each tensor's device, dtype, sizes and strides, which
+// arguments share memory, the values of integer, boolean and string arguments
+// (dimensions, reductions, modes) and the kinds of the others (a Scalar's
+// value changes neither). Empty if an argument is a CPU tensor (read when
+// the kernel runs, the host may have changed it) or of a kind not keyed here.
 std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
                                c10::ArrayRef<c10::IValue> arguments) {
   std::vector<int64_t> key{static_cast<int64_t>(std::hash<std::string>()(op.schema().name())),
@@ -242,6 +261,12 @@ std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
     } else if (v.isTensorList()) {
       key.push_back(static_cast<int64_t>(v.toTensorList().size()));
       for (const at::Tensor& t : v.toTensorList()) tensor(t);
+    } else if (v.isInt()) {
+      key.push_back(v.toInt());  // a dimension, a reduction: results' shapes follow it
+    } else if (v.isString()) {
+      key.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+    } else if (v.isBoolList()) {
+      for (bool b : v.toBoolList()) key.push_back(b);  // which results to make
     } else if (!(v.isNone() || v.isScalar() || v.isBool() || v.isIntList() ||
                  v.isDoubleList())) {
       keyable = false;
@@ -254,10 +279,18 @@ std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
   return keyable ? key : std::vector<int64_t>{};
 }
 
-// The shapes whose first call has run, waiting, without an error.
+// A new result's shape, as the first call with the arguments' shapes made it.
+struct ResultShape {
+  bool defined;
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype;
+};
+
+// The shapes whose first call has run, waiting, without an error, with the
+// shapes of the results it made (none for an in-place op).
 struct PassedShapes {
   std::mutex mutex;
-  std::set<std::vector<int64_t>> keys;
+  std::map<std::vector<int64_t>, std::vector<ResultShape>> keys;
 };
 
 PassedShapes& passed_shapes() {
@@ -266,10 +299,11 @@ PassedShapes& passed_shapes() {
 }
 
 // The same, on the stream's worker: the CPU kernel's arithmetic runs where
-// every other acme kernel runs. An op that writes only into its arguments
-// needs nothing back; once the first call of its shapes has run waiting,
-// and raised whatever the kernel raises for them, calls with those shapes
-// are launched and the host goes on, as with CUDA's kernels.
+// every other acme kernel runs. Once the first call of an op's shapes has
+// run waiting, and raised whatever the kernel raises for them, calls with
+// those shapes are launched and the host goes on, as with CUDA's kernels:
+// an in-place op needs nothing back, and an op with new results gets them
+// allocated here, shaped as the first call's were, for the kernel to fill.
 void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t count = schema.arguments().size();
@@ -278,38 +312,67 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::vector<c10::IValue> originals(arguments.begin(), arguments.end());
   const c10::Device device = device_of_arguments(op, originals);
   const char* name = schema.name().c_str();
+  const Results results = results_of(schema);
   std::vector<int64_t> key;
   // The fused optimizers return early, checking nothing, when found_inf is
   // set: a first call that passed may have validated nothing.
   const bool fused = schema.name().rfind("aten::_fused_", 0) == 0;
-  if (writes_only_arguments(schema) && !fused) key = shape_key(op, arguments);
+  if (results != Results::only_the_kernel_knows && !fused) key = shape_key(op, arguments);
   if (!key.empty()) {
     PassedShapes& passed = passed_shapes();
-    bool seen;
+    std::optional<std::vector<ResultShape>> shapes;
     {
       const std::lock_guard<std::mutex> lock(passed.mutex);
-      seen = passed.keys.count(key) > 0;
+      if (const auto found = passed.keys.find(key); found != passed.keys.end())
+        shapes = found->second;
     }
-    if (seen) {
+    if (shapes) {
       DeviceViews view(DeviceViews::kForLaunch);
       std::vector<c10::IValue> held;
       for (const c10::IValue& v : originals) held.push_back(viewed(view, v));
-      launch_kernel(device.index(), name, [op, held = std::move(held)] {
+      std::vector<at::Tensor> made, written;  // new results, and their views
+      for (const ResultShape& r : *shapes) {
+        made.push_back(r.defined ? at::empty_strided(r.sizes, r.strides,
+                                                     at::TensorOptions(r.dtype).device(device))
+                                 : at::Tensor());
+        written.push_back(view(made.back()));
+      }
+      launch_kernel(device.index(), name, [op, held = std::move(held),
+                                           written = std::move(written)] {
         torch::jit::Stack kernel_stack(held);
         op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
+        for (size_t r = 0; r < written.size(); ++r) {
+          if (written[r].defined()) written[r].copy_(kernel_stack[r].toTensor());
+        }
       });
-      // The results are the arguments they alias, as on_device_kernel returns them.
       stack->resize(stack->size() - count);
-      for (size_t r = 0; r < schema.returns().size(); ++r)
-        stack->push_back(aliased_argument(schema, r, originals));
+      if (results == Results::in_place) {
+        // The results are the arguments they alias, as on_device_kernel returns them.
+        for (size_t r = 0; r < schema.returns().size(); ++r)
+          stack->push_back(aliased_argument(schema, r, originals));
+      } else {
+        for (at::Tensor& t : made) stack->push_back(std::move(t));
+      }
       return;
     }
   }
   run_on_stream(device.index(), name, [&] { on_device_kernel(op, stack, device); });
   if (!key.empty()) {
+    std::vector<ResultShape> shapes;
+    if (results == Results::shaped_by_arguments) {
+      const size_t returned = schema.returns().size();
+      for (auto v = stack->end() - static_cast<std::ptrdiff_t>(returned); v != stack->end(); ++v) {
+        const at::Tensor& t = v->toTensor();
+        if (!t.defined()) {
+          shapes.push_back({false, {}, {}, c10::ScalarType::Undefined});
+        } else {
+          shapes.push_back({true, t.sizes().vec(), t.strides().vec(), t.scalar_type()});
+        }
+      }
+    }
     PassedShapes& passed = passed_shapes();
     const std::lock_guard<std::mutex> lock(passed.mutex);
-    passed.keys.insert(std::move(key));
+    passed.keys.emplace(std::move(key), std::move(shapes));
   }
 }
 //< ch23 on-device-kernel
