@@ -222,3 +222,45 @@ def test_launched_backward_kernels_leave_unasked_gradients_undefined():
     for _ in range(3):  # the first waits; the others are launched
         for got, want in zip(gradients("acme"), expected):
             torch.testing.assert_close(got, want)
+
+
+def test_dropout_takes_its_numbers_on_the_host_and_is_launched():
+    # From chapter 23 native_dropout takes its counter range on the host, in
+    # call order, and launches its kernel: element i still uses counter block
+    # offset + i (chapter 5), and the next call starts where it stopped.
+    from test_generator import bits64, blocks
+    seed, n, p = 1234, 3000, 0.3
+    uniform = lambda offset, k: torch.tensor(  # noqa: E731
+        [(bits64(w) >> 11) / 2**53 for w in blocks(seed, offset, k)], dtype=torch.float64)
+    x = torch.arange(1.0, 2 * n + 1, dtype=torch.float64, device="acme")
+    torch.acme.manual_seed(seed)
+    (first, first_mask), how = launched_or_waited(
+        lambda: torch.ops.aten.native_dropout(x[:n], p, True))
+    assert how == "launched"
+    second, second_mask = torch.ops.aten.native_dropout(x[::2], p, True)  # strided input
+    for (out, mask), offset, source in [((first, first_mask), 0, x[:n]),
+                                        ((second, second_mask), n, x[::2])]:
+        kept = uniform(offset, n) < 1 - p
+        assert torch.equal(mask.cpu(), kept)
+        assert torch.equal(out.cpu(), source.cpu() * kept * (1 / (1 - p)))  # x times 1/keep
+
+
+def test_a_result_in_the_default_dtype_keeps_waiting():
+    # sqrt of an integer tensor returns the default dtype, which a launched
+    # kernel would read when it runs rather than when it was called: such
+    # calls wait every time, and a change of the default dtype right after
+    # one applies to the next call only.
+    x = torch.arange(7, device="acme")
+    for _ in range(2):
+        y, how = launched_or_waited(lambda: torch.sqrt(x))
+        assert how == "waited" and y.dtype == torch.float32
+    before = torch.get_default_dtype()
+    y = torch.sqrt(x)
+    torch.set_default_dtype(torch.float64)
+    try:
+        z = torch.sqrt(x)
+        assert y.dtype == torch.float32 and z.dtype == torch.float64
+        assert torch.equal(z.cpu(), torch.sqrt(x.cpu()))
+    finally:
+        torch.set_default_dtype(before)
+    torch.testing.assert_close(y.cpu(), torch.sqrt(x.cpu()))

@@ -68,8 +68,6 @@ acmeStream_t current_stream(c10::DeviceIndex device) {
 
 namespace {
 thread_local c10::DeviceIndex running_device = -1;
-// Set by launch_on for a kernel it runs inside a body, read by run_kernel_body.
-thread_local bool launched_inside_body = false;
 
 // How many CPU threads the device's kernels use: the intra-op thread count
 // when acme was loaded, before any DataLoader ran. Read later, it may be 1:
@@ -113,9 +111,9 @@ int run_kernel_body(void (*call)(void*), void* body, char* message, size_t size)
   (void)threads_set;
 //< ch23 worker-threads
 //> ch23 body-inline
-  // Inside a body, under its guards already: what the kernel throws is the
-  // body's, its type intact.
-  if (std::exchange(launched_inside_body, false)) {
+  // No message buffer: launch_on runs this kernel inside a body, under its
+  // guards already, and what the kernel throws is the body's, type intact.
+  if (message == nullptr) {
     call(body);
     return 0;
   }
@@ -141,9 +139,14 @@ void launch_on(c10::DeviceIndex device, const char* name, acmeKernelFunction run
                void (*release)(void*)) {
 //> ch23 launch-inline
   if (device == running_kernel_device()) {  // inside a body: its stream has got here
-    const std::unique_ptr<void, void (*)(void*)> owned(args, release);
-    launched_inside_body = true;
-    run(args, nullptr, 0);
+    const struct Release {
+      void (*release)(void*);
+      void* args;
+      ~Release() {
+        if (release) release(args);
+      }
+    } owned{release, args};
+    TORCH_INTERNAL_ASSERT(run(args, nullptr, 0) == 0, name, ": failed without an exception");
     return;
   }
 //< ch23 launch-inline

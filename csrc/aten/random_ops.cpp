@@ -67,6 +67,23 @@ T* device_view(const at::Tensor& t) {
   return static_cast<T*>(view);
 }
 
+//> ch23 fill-blocks
+// out[i] = sample(i, counter block range.first + i) for i in [begin, end).
+// The counter blocks come a batch at a time (chapter 23), as words.
+template <typename scalar_t, typename Sample>
+void fill_blocks(const PhiloxRange& range, scalar_t* out, int64_t begin, int64_t end,
+                 const Sample& sample) {
+  alignas(32) uint32_t words[4][kPhiloxBatch];
+  for (int64_t start = begin; start < end; start += kPhiloxBatch) {
+    const int count = static_cast<int>(std::min<int64_t>(kPhiloxBatch, end - start));
+    philox_batch(range.seed, range.first + static_cast<uint64_t>(start), count, words);
+    for (int j = 0; j < count; ++j) {
+      out[start + j] = sample(start + j, {words[0][j], words[1][j], words[2][j], words[3][j]});
+    }
+  }
+}
+
+//< ch23 fill-blocks
 // "Launches" a kernel over `self`: out[i] = sample(i, counter block first + i).
 // The kernel writes a contiguous buffer; a strided `self` gets a contiguous
 // temporary that copy_ then scatters into it.
@@ -87,15 +104,7 @@ void launch(const at::Tensor& self, const std::optional<at::Generator>& gen, Sam
 //     }
 //< ch05 launch-loop
 //> ch23 launch-loop
-    // The counter blocks come a batch at a time (chapter 23), as words.
-    alignas(32) uint32_t words[4][kPhiloxBatch];
-    for (int64_t start = begin; start < end; start += kPhiloxBatch) {
-      const int count = static_cast<int>(std::min<int64_t>(kPhiloxBatch, end - start));
-      philox_batch(range.seed, range.first + static_cast<uint64_t>(start), count, words);
-      for (int j = 0; j < count; ++j) {
-        out[start + j] = sample(start + j, {words[0][j], words[1][j], words[2][j], words[3][j]});
-      }
-    }
+    fill_blocks(range, out, begin, end, sample);
 //< ch23 launch-loop
   });
   if (!direct) self.copy_(dense);
@@ -302,6 +311,45 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   return {output, mask};
 }
 //< ch05 dropout
+//> ch23 dropout-launched
+
+// native_dropout without waiting (chapter 23). A random kernel must take its
+// counter range in call order: the one above takes it on the stream while
+// the host waits; this one takes it here, on the host, and launches the
+// kernel that draws the mask and scales. The same numbers.
+std::tuple<at::Tensor, at::Tensor> native_dropout_launched(const at::Tensor& input, double p,
+                                                           std::optional<bool> train) {
+  const bool evaluation = train.has_value() && !*train;
+  if (evaluation || input.device().type() != c10::DeviceType::PrivateUse1)
+    return OnStream<"aten::native_dropout", native_dropout>::call(input, p, train);
+  TORCH_CHECK(p >= 0 && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
+  at::Tensor output = at::empty(input.sizes(), input.options());
+  at::Tensor mask = at::empty(input.sizes(), input.options().dtype(at::kBool));
+  const int64_t n = output.numel();
+  const double keep = 1.0 - p;
+  const double scale = keep == 0.0 ? 0.0 : 1.0 / keep;
+  DeviceViews view(DeviceViews::kForLaunch);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "native_dropout", [&] {
+    if (n == 0) return;
+    const PhiloxRange range = reserve(std::nullopt, input.device(), static_cast<uint64_t>(n));
+    launch_kernel(input.device().index(), "aten::native_dropout",
+                  [x = view(input.contiguous()), out = view(output), kept = view(mask), range,
+                   keep, scale, n] {
+      const scalar_t* in = x.const_data_ptr<scalar_t>();
+      scalar_t* written = out.data_ptr<scalar_t>();
+      bool* kept_here = kept.data_ptr<bool>();
+      const auto sample = [=](int64_t i, const PhiloxBlock& b) {
+        kept_here[i] = uniform53(b) < keep;
+        return static_cast<scalar_t>(static_cast<double>(in[i]) * (kept_here[i] ? scale : 0.0));
+      };
+      at::parallel_for(0, n, /*grain_size=*/1 << 14, [&](int64_t begin, int64_t end) {
+        fill_blocks(range, written, begin, end, sample);
+      });
+    });
+  });
+  return {output, mask};
+}
+//< ch23 dropout-launched
 
 //> ch05 seeded-fallback
 // The long tail (randperm, multinomial, exponential_...) still runs on the
@@ -362,8 +410,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("bernoulli_.Tensor",
          TORCH_FN((OnStream<"aten::bernoulli_", acme::bernoulli_tensor_>::call)));
   m.impl("bernoulli.out", TORCH_FN((OnStream<"aten::bernoulli", acme::bernoulli_out>::call)));
-  m.impl("native_dropout",
-         TORCH_FN((OnStream<"aten::native_dropout", acme::native_dropout>::call)));
+  m.impl("native_dropout", TORCH_FN(acme::native_dropout_launched));
 //< ch23 register-kernels
 }
 //< ch05 register

@@ -234,24 +234,41 @@ struct LaunchedOnStream<name, kernel, compute, R (*)(Args...)> {
     if (device < 0) return kernel(args...);
     std::vector<int64_t> key;
     const bool keyable = (add_to_shape_key(key, args) && ...);
-    static std::mutex mutex;
-    static std::map<std::vector<int64_t>, std::vector<ResultLayout>> passed;
+    struct Passed {
+      std::mutex mutex;
+      std::map<std::vector<int64_t>, std::vector<ResultLayout>> layouts;
+    };
+    static auto* passed = new Passed;  // kernels may launch during exit
     std::optional<std::vector<ResultLayout>> layouts;
     if (keyable) {
-      const std::lock_guard<std::mutex> lock(mutex);
-      if (const auto found = passed.find(key); found != passed.end()) layouts = found->second;
+      const std::lock_guard<std::mutex> lock(passed->mutex);
+      if (const auto found = passed->layouts.find(key); found != passed->layouts.end())
+        layouts = found->second;
     }
     if (!layouts) {
       R results = run_on_stream(device, name.text, [&]() -> R { return kernel(args...); });
-      if (keyable) {
-        std::vector<ResultLayout> made;
-        for_each_result(results, [&](const at::Tensor& t) {
-          made.push_back(t.defined() ? ResultLayout{true, t.sizes().vec(), t.strides().vec(),
-                                                    t.scalar_type()}
-                                     : ResultLayout{});
-        });
-        const std::lock_guard<std::mutex> lock(mutex);
-        passed.emplace(std::move(key), std::move(made));
+      std::vector<c10::ScalarType> argument_dtypes;
+      auto note_dtype = [&](const auto& a) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) {
+          if (a.defined()) argument_dtypes.push_back(a.scalar_type());
+        }
+      };
+      (note_dtype(args), ...);
+      bool launchable = keyable;
+      std::vector<ResultLayout> made;
+      for_each_result(results, [&](const at::Tensor& t) {
+        // A dtype no argument has may be the default dtype, which a launched
+        // kernel would read when it runs, not when it was called: wait.
+        if (t.defined() && std::find(argument_dtypes.begin(), argument_dtypes.end(),
+                                     t.scalar_type()) == argument_dtypes.end())
+          launchable = false;
+        made.push_back(t.defined() ? ResultLayout{true, t.sizes().vec(), t.strides().vec(),
+                                                  t.scalar_type()}
+                                   : ResultLayout{});
+      });
+      if (launchable) {
+        const std::lock_guard<std::mutex> lock(passed->mutex);
+        passed->layouts.emplace(std::move(key), std::move(made));
       }
       return results;
     }
@@ -274,8 +291,14 @@ struct LaunchedOnStream<name, kernel, compute, R (*)(Args...)> {
                     R computed = std::apply([](auto&... a) { return compute(a...); }, kept);
                     size_t i = 0;
                     for_each_result(computed, [&](const at::Tensor& t) {
-                      if (written[i].defined()) written[i].copy_(t);
-                      ++i;
+                      const at::Tensor& into = written[i++];
+                      if (!into.defined()) return;
+                      // What the first call made, never a cast or a broadcast.
+                      TORCH_CHECK(t.defined() && t.sizes() == into.sizes() &&
+                                      t.scalar_type() == into.scalar_type(),
+                                  name.text, ": a result of sizes ", into.sizes(),
+                                  " was allocated, the kernel computed another");
+                      into.copy_(t);
                     });
                   });
     return results;

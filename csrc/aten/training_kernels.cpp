@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -214,10 +215,10 @@ Results results_of(const c10::FunctionSchema& schema) {
   // Sizes that depend on values (nonzero, a boolean index), and checks of
   // values, which the caller should see raised by the call itself (a class
   // index out of range is an IndexError there, as on the CPU).
-  static const std::set<std::string> value_dependent{
+  static const auto* value_dependent = new std::set<std::string>{  // kernels may launch at exit
       "aten::nonzero", "aten::index", "aten::nll_loss_forward", "aten::nll_loss_backward",
       "aten::embedding_dense_backward"};
-  if (value_dependent.count(schema.name())) return Results::only_the_kernel_knows;
+  if (value_dependent->count(schema.name())) return Results::only_the_kernel_knows;
   const auto& returns = schema.returns();
   const bool all_in_place = std::all_of(returns.begin(), returns.end(), [](const auto& r) {
     return r.alias_info() && r.alias_info()->isWrite();
@@ -240,6 +241,8 @@ std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
   std::vector<int64_t> key{static_cast<int64_t>(std::hash<std::string>()(op.schema().name())),
                            static_cast<int64_t>(std::hash<std::string>()(
                                op.schema().overload_name()))};
+  // The one kernel here that checks a Scalar's value (a norm's order).
+  const bool scalar_values = op.schema().name() == "aten::linalg_vector_norm";
   std::vector<const void*> storages;
   bool keyable = true;
   auto tensor = [&](const at::Tensor& t) {
@@ -261,6 +264,11 @@ std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
     } else if (v.isTensorList()) {
       key.push_back(static_cast<int64_t>(v.toTensorList().size()));
       for (const at::Tensor& t : v.toTensorList()) tensor(t);
+    } else if (v.isDouble() && scalar_values) {
+      const double value = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &value, sizeof bits);
+      key.push_back(bits);
     } else if (v.isInt()) {
       key.push_back(v.toInt());  // a dimension, a reduction: results' shapes follow it
     } else if (v.isString()) {
@@ -277,6 +285,18 @@ std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
     }
   }
   return keyable ? key : std::vector<int64_t>{};
+}
+
+// Writes a launched kernel's result where the host allocated it, which must
+// be what the first call with these shapes made: never a cast or a broadcast.
+void copy_result(const at::Tensor& allocated, const at::Tensor& computed) {
+  TORCH_CHECK(computed.defined() && computed.sizes() == allocated.sizes() &&
+                  computed.scalar_type() == allocated.scalar_type(),
+              "a result of sizes ", allocated.sizes(), " and dtype ", allocated.scalar_type(),
+              " was allocated, the kernel computed ",
+              computed.defined() ? computed.sizes() : at::IntArrayRef{}, " ",
+              computed.defined() ? computed.scalar_type() : c10::ScalarType::Undefined);
+  allocated.copy_(computed);
 }
 
 // A new result's shape, as the first call with the arguments' shapes made it.
@@ -342,7 +362,7 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         torch::jit::Stack kernel_stack(held);
         op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
         for (size_t r = 0; r < written.size(); ++r) {
-          if (written[r].defined()) written[r].copy_(kernel_stack[r].toTensor());
+          if (written[r].defined()) copy_result(written[r], kernel_stack[r].toTensor());
         }
       });
       stack->resize(stack->size() - count);
@@ -360,14 +380,21 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!key.empty()) {
     std::vector<ResultShape> shapes;
     if (results == Results::shaped_by_arguments) {
+      std::set<c10::ScalarType> argument_dtypes;
+      for (const c10::IValue& v : originals)
+        if (v.isTensor() && v.toTensor().defined()) argument_dtypes.insert(v.toTensor().scalar_type());
       const size_t returned = schema.returns().size();
       for (auto v = stack->end() - static_cast<std::ptrdiff_t>(returned); v != stack->end(); ++v) {
         const at::Tensor& t = v->toTensor();
         if (!t.defined()) {
           shapes.push_back({false, {}, {}, c10::ScalarType::Undefined});
-        } else {
-          shapes.push_back({true, t.sizes().vec(), t.strides().vec(), t.scalar_type()});
+          continue;
         }
+        // A dtype no argument has may be the default dtype (sqrt of an
+        // integer tensor), which a launched kernel would read when it runs,
+        // not when it was called: such calls keep waiting.
+        if (!argument_dtypes.count(t.scalar_type())) return;
+        shapes.push_back({true, t.sizes().vec(), t.strides().vec(), t.scalar_type()});
       }
     }
     PassedShapes& passed = passed_shapes();
