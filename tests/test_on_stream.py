@@ -181,7 +181,7 @@ def launched_or_waited(call):
     return result, "launched" if busy else "waited"
 
 
-@pytest.mark.parametrize("op", ["gelu", "layer_norm", "conv2d"])
+@pytest.mark.parametrize("op", ["gelu", "layer_norm", "cat", "conv2d"])
 def test_a_call_whose_shapes_passed_is_launched_without_waiting(op):
     # The first call with given shapes waits for its kernel, and so learns the
     # shapes of its results; a later call with the same shapes allocates them
@@ -191,6 +191,7 @@ def test_a_call_whose_shapes_passed_is_launched_without_waiting(op):
     w = torch.randn(4, 5, 3, 3, device="acme")
     call = {"gelu": lambda t: F.gelu(t),
             "layer_norm": lambda t: F.layer_norm(t, (7,)),
+            "cat": lambda t: torch.cat([t, t * 2]),  # a list: the dtype is its tensors'
             "conv2d": lambda t: F.conv2d(t, w if t.device.type == "acme" else w.cpu())}[op]
     first, how = launched_or_waited(lambda: call(x))
     assert how == "waited"

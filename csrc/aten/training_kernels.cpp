@@ -381,8 +381,11 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<ResultShape> shapes;
     if (results == Results::shaped_by_arguments) {
       std::set<c10::ScalarType> argument_dtypes;
-      for (const c10::IValue& v : originals)
+      for (const c10::IValue& v : originals) {
         if (v.isTensor() && v.toTensor().defined()) argument_dtypes.insert(v.toTensor().scalar_type());
+        if (v.isTensorList())
+          for (const at::Tensor& t : v.toTensorList()) argument_dtypes.insert(t.scalar_type());
+      }
       const size_t returned = schema.returns().size();
       for (auto v = stack->end() - static_cast<std::ptrdiff_t>(returned); v != stack->end(); ++v) {
         const at::Tensor& t = v->toTensor();
