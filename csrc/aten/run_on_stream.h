@@ -155,6 +155,19 @@ struct ResultLayout {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
 };
 
+// Writes a launched kernel's result where the host allocated it, which must
+// be what the first call with these shapes made: never a cast or a broadcast.
+inline void copy_result(const char* name, const at::Tensor& allocated,
+                        const at::Tensor& computed) {
+  TORCH_CHECK(computed.defined() && computed.sizes() == allocated.sizes() &&
+                  computed.scalar_type() == allocated.scalar_type(),
+              name, ": a result of sizes ", allocated.sizes(), " and dtype ",
+              allocated.scalar_type(), " was allocated, the kernel computed ",
+              computed.defined() ? computed.sizes() : at::IntArrayRef{}, " ",
+              computed.defined() ? computed.scalar_type() : c10::ScalarType::Undefined);
+  allocated.copy_(computed);
+}
+
 template <class T>
 struct IsBoolArray : std::false_type {};
 template <size_t N>
@@ -292,13 +305,7 @@ struct LaunchedOnStream<name, kernel, compute, R (*)(Args...)> {
                     size_t i = 0;
                     for_each_result(computed, [&](const at::Tensor& t) {
                       const at::Tensor& into = written[i++];
-                      if (!into.defined()) return;
-                      // What the first call made, never a cast or a broadcast.
-                      TORCH_CHECK(t.defined() && t.sizes() == into.sizes() &&
-                                      t.scalar_type() == into.scalar_type(),
-                                  name.text, ": a result of sizes ", into.sizes(),
-                                  " was allocated, the kernel computed another");
-                      into.copy_(t);
+                      if (into.defined()) copy_result(name.text, into, t);
                     });
                   });
     return results;

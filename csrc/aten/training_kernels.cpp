@@ -247,15 +247,11 @@ std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
   bool keyable = true;
   auto tensor = [&](const at::Tensor& t) {
     if (!t.defined()) return key.push_back(-1);
-    if (t.device().type() != kAcme) keyable = false;
     const void* storage = t.storage().unsafeGetStorageImpl();
     const auto seen = std::find(storages.begin(), storages.end(), storage);
     key.push_back(seen - storages.begin());  // the first argument with this memory
     if (seen == storages.end()) storages.push_back(storage);
-    key.insert(key.end(), {t.device().index(), static_cast<int64_t>(t.scalar_type()), t.dim(),
-                           t.storage_offset()});
-    key.insert(key.end(), t.sizes().begin(), t.sizes().end());
-    key.insert(key.end(), t.strides().begin(), t.strides().end());
+    if (!add_to_shape_key(key, t)) keyable = false;  // run_on_stream.h
   };
   for (const c10::IValue& v : arguments) {
     key.push_back(static_cast<int64_t>(std::hash<std::string>()(v.tagKind())));
@@ -287,30 +283,11 @@ std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
   return keyable ? key : std::vector<int64_t>{};
 }
 
-// Writes a launched kernel's result where the host allocated it, which must
-// be what the first call with these shapes made: never a cast or a broadcast.
-void copy_result(const at::Tensor& allocated, const at::Tensor& computed) {
-  TORCH_CHECK(computed.defined() && computed.sizes() == allocated.sizes() &&
-                  computed.scalar_type() == allocated.scalar_type(),
-              "a result of sizes ", allocated.sizes(), " and dtype ", allocated.scalar_type(),
-              " was allocated, the kernel computed ",
-              computed.defined() ? computed.sizes() : at::IntArrayRef{}, " ",
-              computed.defined() ? computed.scalar_type() : c10::ScalarType::Undefined);
-  allocated.copy_(computed);
-}
-
-// A new result's shape, as the first call with the arguments' shapes made it.
-struct ResultShape {
-  bool defined;
-  std::vector<int64_t> sizes, strides;
-  c10::ScalarType dtype;
-};
-
 // The shapes whose first call has run, waiting, without an error, with the
 // shapes of the results it made (none for an in-place op).
 struct PassedShapes {
   std::mutex mutex;
-  std::map<std::vector<int64_t>, std::vector<ResultShape>> keys;
+  std::map<std::vector<int64_t>, std::vector<ResultLayout>> keys;
 };
 
 PassedShapes& passed_shapes() {
@@ -340,7 +317,7 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (results != Results::only_the_kernel_knows && !fused) key = shape_key(op, arguments);
   if (!key.empty()) {
     PassedShapes& passed = passed_shapes();
-    std::optional<std::vector<ResultShape>> shapes;
+    std::optional<std::vector<ResultLayout>> shapes;
     {
       const std::lock_guard<std::mutex> lock(passed.mutex);
       if (const auto found = passed.keys.find(key); found != passed.keys.end())
@@ -351,18 +328,18 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       std::vector<c10::IValue> held;
       for (const c10::IValue& v : originals) held.push_back(viewed(view, v));
       std::vector<at::Tensor> made, written;  // new results, and their views
-      for (const ResultShape& r : *shapes) {
+      for (const ResultLayout& r : *shapes) {
         made.push_back(r.defined ? at::empty_strided(r.sizes, r.strides,
                                                      at::TensorOptions(r.dtype).device(device))
                                  : at::Tensor());
         written.push_back(view(made.back()));
       }
-      launch_kernel(device.index(), name, [op, held = std::move(held),
+      launch_kernel(device.index(), name, [op, name, held = std::move(held),
                                            written = std::move(written)] {
         torch::jit::Stack kernel_stack(held);
         op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
         for (size_t r = 0; r < written.size(); ++r) {
-          if (written[r].defined()) copy_result(written[r], kernel_stack[r].toTensor());
+          if (written[r].defined()) copy_result(name, written[r], kernel_stack[r].toTensor());
         }
       });
       stack->resize(stack->size() - count);
@@ -378,7 +355,7 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   run_on_stream(device.index(), name, [&] { on_device_kernel(op, stack, device); });
   if (!key.empty()) {
-    std::vector<ResultShape> shapes;
+    std::vector<ResultLayout> shapes;
     if (results == Results::shaped_by_arguments) {
       std::set<c10::ScalarType> argument_dtypes;
       for (const c10::IValue& v : originals) {
@@ -390,7 +367,7 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       for (auto v = stack->end() - static_cast<std::ptrdiff_t>(returned); v != stack->end(); ++v) {
         const at::Tensor& t = v->toTensor();
         if (!t.defined()) {
-          shapes.push_back({false, {}, {}, c10::ScalarType::Undefined});
+          shapes.emplace_back();
           continue;
         }
         // A dtype no argument has may be the default dtype (sqrt of an
