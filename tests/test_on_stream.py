@@ -6,8 +6,9 @@ autograd's device thread) after waiting for the stream. From chapter 23
 they run as kernels on the stream's worker while the caller waits
 (run_on_stream in csrc/aten/run_on_stream.h): they show on the device's timeline,
 they see the caller's stream, and what they raise keeps its Python type.
-Once a call with given shapes has passed, the training kernels and
-convolution launch later calls with those shapes without waiting.
+Once a call with given shapes has passed, the training kernels,
+convolution and attention launch later calls with those shapes without
+waiting.
 """
 
 from __future__ import annotations
@@ -244,6 +245,54 @@ def test_dropout_takes_its_numbers_on_the_host_and_is_launched():
         kept = uniform(offset, n) < 1 - p
         assert torch.equal(mask.cpu(), kept)
         assert torch.equal(out.cpu(), source.cpu() * kept * (1 / (1 - p)))  # x times 1/keep
+
+
+def test_attention_takes_its_dropout_numbers_on_the_host_and_is_launched():
+    # From chapter 23 attention takes its dropout counters on the host, in
+    # call order, once its shapes have passed: the launched forward and
+    # backward give the waiting calls' numbers, and the generator moves on by
+    # as much. No bias; then the same with one, as the 2.14 math path passes it.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 5, device="acme", requires_grad=True) for _ in range(3))
+    bias = torch.randn(9, 9, device="acme")
+
+    def forward(**mask):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.4, **mask)
+
+    for mask in ({"is_causal": True}, {"attn_mask": bias}):
+        runs = []
+        for expect in ("waited", "launched", "launched"):
+            torch.acme.manual_seed(11)
+            out, how = launched_or_waited(lambda: forward(**mask))
+            assert how == expect, mask
+            grads, how = launched_or_waited(
+                lambda: torch.autograd.grad((out * out).sum(), (q, k, v)))
+            assert how == expect, mask
+            runs.append([out, *grads, torch.rand(3, device="acme")])  # where the counters stopped
+        for run in runs[1:]:
+            for got, want in zip(run, runs[0]):
+                assert torch.equal(got.cpu(), want.cpu()), mask
+
+
+def test_attention_dropout_keeps_chapter_5s_counter_blocks():
+    # Element i of the mask (over the batch, heads, queries and keys) uses
+    # counter block offset + i and bernoulli_'s test, waiting or launched.
+    # With the identity as the values the output is the dropped-out
+    # probabilities, none of them 0 unless dropped.
+    from test_generator import bits64, blocks
+    seed, p = 99, 0.4
+    torch.manual_seed(0)
+    q, k = torch.randn(3, 2, 6, 8, device="acme"), torch.randn(3, 2, 7, 8, device="acme")
+    eye = torch.eye(7, device="acme").expand(3, 2, 7, 7)  # shapes no other test uses
+    n = 3 * 2 * 6 * 7
+    kept = torch.tensor([(bits64(w) >> 11) / 2**53 for w in blocks(seed, 0, n)],
+                        dtype=torch.float64) < 1 - p
+    for expect in ("waited", "launched"):
+        torch.acme.manual_seed(seed)
+        probs, how = launched_or_waited(
+            lambda: F.scaled_dot_product_attention(q, k, eye, dropout_p=p))
+        assert how == expect
+        assert torch.equal(probs.cpu().ne(0).flatten(), kept)
 
 
 def test_a_result_in_the_default_dtype_keeps_waiting():

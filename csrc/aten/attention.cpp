@@ -36,6 +36,10 @@
 #include "aten/device_views.h"
 #include "aten/generator.h"
 //> ch23 attention-on-stream-include
+#include <ATen/Parallel.h>
+
+#include "aten/launch.h"
+#include "aten/philox_batch.h"
 #include "aten/run_on_stream.h"
 //< ch23 attention-on-stream-include
 
@@ -108,20 +112,44 @@ at::Tensor probabilities(at::Tensor& s, const at::Tensor& logsumexp) {
   return s;
 }
 
-// The dropout mask is drawn with acme's generator (chapter 5's bernoulli
-// kernel) from a counter range reserved once in forward. Backward redraws
-// the same mask from the saved (seed, offset) instead of storing it.
-at::Tensor dropout_keep(c10::Device device, at::IntArrayRef sizes, double dropout_p,
+//> ch13 dropout-keep < ch23 dropout-keep
+// // The dropout mask is drawn with acme's generator (chapter 5's bernoulli
+// // kernel) from a counter range reserved once in forward. Backward redraws
+// // the same mask from the saved (seed, offset) instead of storing it.
+// at::Tensor dropout_keep(c10::Device device, at::IntArrayRef sizes, double dropout_p,
+//                         uint64_t seed, uint64_t offset) {
+//   at::Generator generator = new_generator(device.index());
+//   {
+//     const std::lock_guard<std::mutex> lock(generator.mutex());
+//     generator.set_current_seed(seed);
+//     generator.set_offset(offset);
+//   }
+//   return at::empty(sizes, at::TensorOptions().device(device).dtype(at::kBool))
+//       .bernoulli_(1.0 - dropout_p, generator);
+// }
+//< ch13 dropout-keep
+//> ch23 dropout-keep
+// The dropout mask: chapter 5's bernoulli_ numbers, from a counter range
+// reserved once in forward. Backward redraws the same mask from the saved
+// (seed, offset) instead of storing it. From chapter 23 the kernels run on
+// the stream's worker, and the mask is drawn there, into host memory, with
+// no generator or kernel of its own.
+at::Tensor dropout_keep(c10::Device /*device*/, at::IntArrayRef sizes, double dropout_p,
                         uint64_t seed, uint64_t offset) {
-  at::Generator generator = new_generator(device.index());
-  {
-    const std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_current_seed(seed);
-    generator.set_offset(offset);
-  }
-  return at::empty(sizes, at::TensorOptions().device(device).dtype(at::kBool))
-      .bernoulli_(1.0 - dropout_p, generator);
+  at::Tensor keep = at::empty(sizes, at::TensorOptions().dtype(at::kBool));
+  bool* kept = keep.data_ptr<bool>();
+  const double p_keep = 1.0 - dropout_p;
+  at::parallel_for(0, keep.numel(), /*grain_size=*/1 << 14, [&](int64_t begin, int64_t end) {
+    fill_blocks(PhiloxRange{seed, offset}, kept, begin, end,
+                [p_keep](int64_t, const PhiloxBlock& b) {
+                  // bernoulli_'s test: the block's first 53 bits as a double in [0, 1).
+                  const uint64_t bits = static_cast<uint64_t>(b[0]) << 32 | b[1];
+                  return static_cast<double>(bits >> 11) * 0x1p-53 < p_keep;
+                });
+  });
+  return keep;
 }
+//< ch23 dropout-keep
 
 // `computed` (a CPU result) on the device in the layout the op's meta kernel
 // (torch/_meta_registrations.py) promises, which the compiler plans its
@@ -154,6 +182,39 @@ at::Tensor on_device_like(const at::Tensor& computed, const at::Tensor& like) {
 double default_scale(const at::Tensor& query, std::optional<double> scale) {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
 }
+//> ch23 attention-arithmetic
+
+// Counter blocks from the device's default generator, in call order.
+PhiloxRange reserve_counters(c10::DeviceIndex device, uint64_t blocks) {
+  auto* generator = at::check_generator<AcmeGeneratorImpl>(default_generator(device));
+  const std::lock_guard<std::mutex> lock(generator->mutex_);
+  return generator->reserve(blocks);
+}
+
+// The forward's arithmetic on device views: the output and the row
+// log-sum-exp, as CPU tensors. counters(n) gives the range of n counter
+// blocks the dropout mask comes from: reserved as the kernel runs
+// (attention(), the host waiting) or by the host before the launch
+// (attention_launched, below).
+template <class Counters>
+std::pair<at::Tensor, at::Tensor> attention_arithmetic(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& bias, double dropout_p, bool is_causal, double scale,
+    const Counters& counters) {
+  const at::Tensor s = scores(compute(query), compute(key), bias, is_causal, scale);
+  auto [p, logsumexp] = softmax_and_logsumexp(s);
+  if (dropout_p > 0) {
+    const PhiloxRange range = counters(static_cast<uint64_t>(p.numel()));
+    p.mul_(dropout_keep(query.device(), p.sizes(), dropout_p, range.seed, range.first))
+        .mul_(1.0 / (1.0 - dropout_p));  // p is this kernel's own
+  }
+  return {at::matmul(p, compute(value)).to(query.scalar_type()), logsumexp};
+}
+
+at::Tensor philox_tensor(uint64_t bits) {
+  return at::scalar_tensor(static_cast<int64_t>(bits), at::kLong);
+}
+//< ch23 attention-arithmetic
 
 using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt,
                            c10::SymInt, at::Tensor, at::Tensor, at::Tensor>;
@@ -173,33 +234,49 @@ Forward attention(const at::Tensor& query, const at::Tensor& key, const at::Tens
   TORCH_CHECK(!return_debug_mask, c10::DeviceType::PrivateUse1,
               " fused attention has no debug mask");
   TORCH_CHECK(dropout_p >= 0 && dropout_p <= 1, "dropout_p must be in [0, 1], got ", dropout_p);
+//> ch13 attention-body < ch23 attention-body
+//   DeviceViews view;
+//   const at::Tensor q = compute(view(query)), k = compute(view(key)), v = compute(view(value));
+//   const at::Tensor s = scores(q, k, bias.defined() ? view(bias) : bias, is_causal,
+//                               default_scale(query, scale));
+//   auto [p, logsumexp] = softmax_and_logsumexp(s);
+//   uint64_t seed = 0, offset = 0;
+//   if (dropout_p > 0) {
+//     auto* generator = at::check_generator<AcmeGeneratorImpl>(default_generator(device.index()));
+//     {
+//       const std::lock_guard<std::mutex> lock(generator->mutex_);
+//       const PhiloxRange range = generator->reserve(static_cast<uint64_t>(p.numel()));
+//       seed = range.seed;
+//       offset = range.first;
+//     }
+//     const at::Tensor keep = dropout_keep(device, p.sizes(), dropout_p, seed, offset);
+//     p.mul_(view(keep)).mul_(1.0 / (1.0 - dropout_p));  // p is this kernel's own
+//   }
+//   const at::Tensor out = at::matmul(p, v).to(query.scalar_type());
+//   const auto philox = [](uint64_t bits) {
+//     return at::scalar_tensor(static_cast<int64_t>(bits), at::kLong);
+//   };
+//   return {on_device_like(out, query),
+//           on_device(logsumexp, device),  // float, or double for double inputs
+//           at::Tensor(), at::Tensor(),  // cumulative sequence lengths: nested tensors only
+//           query.size(-2), key.size(-2),
+//           philox(seed), philox(offset),
+//           at::Tensor()};
+//< ch13 attention-body
+//> ch23 attention-body
   DeviceViews view;
-  const at::Tensor q = compute(view(query)), k = compute(view(key)), v = compute(view(value));
-  const at::Tensor s = scores(q, k, bias.defined() ? view(bias) : bias, is_causal,
-                              default_scale(query, scale));
-  auto [p, logsumexp] = softmax_and_logsumexp(s);
-  uint64_t seed = 0, offset = 0;
-  if (dropout_p > 0) {
-    auto* generator = at::check_generator<AcmeGeneratorImpl>(default_generator(device.index()));
-    {
-      const std::lock_guard<std::mutex> lock(generator->mutex_);
-      const PhiloxRange range = generator->reserve(static_cast<uint64_t>(p.numel()));
-      seed = range.seed;
-      offset = range.first;
-    }
-    const at::Tensor keep = dropout_keep(device, p.sizes(), dropout_p, seed, offset);
-    p.mul_(view(keep)).mul_(1.0 / (1.0 - dropout_p));  // p is this kernel's own
-  }
-  const at::Tensor out = at::matmul(p, v).to(query.scalar_type());
-  const auto philox = [](uint64_t bits) {
-    return at::scalar_tensor(static_cast<int64_t>(bits), at::kLong);
-  };
+  PhiloxRange range{0, 0};
+  const auto [out, logsumexp] = attention_arithmetic(
+      view(query), view(key), view(value), bias.defined() ? view(bias) : bias, dropout_p,
+      is_causal, default_scale(query, scale),
+      [&](uint64_t blocks) { return range = reserve_counters(device.index(), blocks); });
   return {on_device_like(out, query),
           on_device(logsumexp, device),  // float, or double for double inputs
           at::Tensor(), at::Tensor(),  // cumulative sequence lengths: nested tensors only
           query.size(-2), key.size(-2),
-          philox(seed), philox(offset),
+          philox_tensor(range.seed), philox_tensor(range.first),
           at::Tensor()};
+//< ch23 attention-body
 }
 
 using Backward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
@@ -244,6 +321,60 @@ Backward attention_backward(const at::Tensor& grad_out, const at::Tensor& query,
           result(grad_input_mask[3] && attn_bias.defined(), d_s, attn_bias)};
 }
 //< ch13 sdp-kernels
+//> ch23 attention-launched
+
+// The forward without waiting (chapter 23). The first call with given
+// shapes runs attention() above on the stream, the host waiting, and raises
+// what it raises. Later calls with those shapes take their dropout counters
+// here, in call order, allocate the results as that call's were, and launch
+// the arithmetic.
+Forward attention_launched(const at::Tensor& query, const at::Tensor& key,
+                           const at::Tensor& value, const std::optional<at::Tensor>& attn_bias,
+                           double dropout_p, bool is_causal, bool return_debug_mask,
+                           std::optional<double> scale) {
+  static auto* passed = new PassedShapes;
+  std::vector<int64_t> shapes;
+  // attention() checks dropout_p's value: whether it passed is in the key.
+  const bool keyable =
+      add_to_shape_key(shapes, query) && add_to_shape_key(shapes, key) &&
+      add_to_shape_key(shapes, value) && add_to_shape_key(shapes, attn_bias) &&
+      add_to_shape_key(shapes, is_causal) && add_to_shape_key(shapes, return_debug_mask) &&
+      add_to_shape_key(shapes, dropout_p >= 0 && dropout_p <= 1);
+  const auto layouts = keyable ? passed->find(shapes) : std::nullopt;
+  if (!layouts) {
+    Forward results = OnStream<"attention", attention>::call(
+        query, key, value, attn_bias, dropout_p, is_causal, return_debug_mask, scale);
+    if (keyable) {
+      passed->remember(std::move(shapes),
+                       {layout_of(std::get<0>(results)), layout_of(std::get<1>(results))});
+    }
+    return results;
+  }
+  const c10::DeviceIndex device = query.device().index();
+  const at::Tensor out = allocate_result((*layouts)[0], device);
+  const at::Tensor logsumexp = allocate_result((*layouts)[1], device);
+  // A counter block for each attention probability: logsumexp has a row's.
+  const auto blocks = static_cast<uint64_t>(logsumexp.numel() * key.size(-2));
+  const PhiloxRange range = dropout_p > 0 ? reserve_counters(device, blocks) : PhiloxRange{0, 0};
+  DeviceViews view(DeviceViews::kForLaunch);
+  launch_kernel(device, "attention",
+                [q = view(query), k = view(key), v = view(value),
+                 bias = attn_bias ? view(*attn_bias) : at::Tensor(), out_view = view(out),
+                 logsumexp_view = view(logsumexp), dropout_p, is_causal,
+                 factor = default_scale(query, scale), range, blocks] {
+                  const auto [o, lse] = attention_arithmetic(
+                      q, k, v, bias, dropout_p, is_causal, factor, [&](uint64_t needed) {
+                        TORCH_CHECK(needed == blocks, "attention: ", blocks,
+                                    " counter blocks were reserved, the kernel needs ", needed);
+                        return range;
+                      });
+                  copy_result("attention", out_view, o);
+                  copy_result("attention", logsumexp_view, lse);
+                });
+  return {out, logsumexp, at::Tensor(), at::Tensor(), query.size(-2), key.size(-2),
+          philox_tensor(range.seed), philox_tensor(range.first), at::Tensor()};
+}
+//< ch23 attention-launched
 
 }  // namespace
 }  // namespace acme
@@ -264,12 +395,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 //          TORCH_FN(acme::attention_backward));
 //< ch13 register-attention-kernels
 //> ch23 register-attention-kernels
-  // The kernels run on the stream's worker, the host waiting (chapter 23).
-  using acme::OnStream;
+  // The kernels run on the stream's worker (chapter 23): the host waits for
+  // the first call with given shapes, and launches later ones. The backward
+  // kernel works on device views as it is, so it is its own arithmetic.
+  using acme::LaunchedOnStream;
   m.impl("_scaled_dot_product_fused_attention_overrideable",
-         TORCH_FN((OnStream<"attention", acme::attention>::call)));
+         TORCH_FN(acme::attention_launched));
   m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
-         TORCH_FN((OnStream<"attention backward", acme::attention_backward>::call)));
+         TORCH_FN((LaunchedOnStream<"attention backward", acme::attention_backward,
+                                    acme::attention_backward>::call)));
 //< ch23 register-attention-kernels
 }
 //< ch13 register-attention

@@ -67,23 +67,6 @@ T* device_view(const at::Tensor& t) {
   return static_cast<T*>(view);
 }
 
-//> ch23 fill-blocks
-// out[i] = sample(i, counter block range.first + i) for i in [begin, end).
-// The counter blocks come a batch at a time (chapter 23), as words.
-template <typename scalar_t, typename Sample>
-void fill_blocks(const PhiloxRange& range, scalar_t* out, int64_t begin, int64_t end,
-                 const Sample& sample) {
-  alignas(32) uint32_t words[4][kPhiloxBatch];
-  for (int64_t start = begin; start < end; start += kPhiloxBatch) {
-    const int count = static_cast<int>(std::min<int64_t>(kPhiloxBatch, end - start));
-    philox_batch(range.seed, range.first + static_cast<uint64_t>(start), count, words);
-    for (int j = 0; j < count; ++j) {
-      out[start + j] = sample(start + j, {words[0][j], words[1][j], words[2][j], words[3][j]});
-    }
-  }
-}
-
-//< ch23 fill-blocks
 // "Launches" a kernel over `self`: out[i] = sample(i, counter block first + i).
 // The kernel writes a contiguous buffer; a strided `self` gets a contiguous
 // temporary that copy_ then scatters into it.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/Stream.h>
 #include <c10/util/Exception.h>
@@ -155,6 +156,40 @@ struct ResultLayout {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
 };
 
+inline ResultLayout layout_of(const at::Tensor& t) {
+  return t.defined() ? ResultLayout{true, t.sizes().vec(), t.strides().vec(), t.scalar_type()}
+                     : ResultLayout{};
+}
+
+// A launched call's result, allocated by the host as the first call's was.
+inline at::Tensor allocate_result(const ResultLayout& layout, c10::DeviceIndex device) {
+  if (!layout.defined) return at::Tensor();
+  return at::empty_strided(layout.sizes, layout.strides,
+                           at::TensorOptions(layout.dtype)
+                               .device(c10::Device(c10::DeviceType::PrivateUse1, device)));
+}
+
+// The shape keys whose first call has run, waiting, without an error, with
+// the layouts of the results it made. One per kernel, made with `new` and
+// never destroyed: kernels may launch during exit.
+class PassedShapes {
+ public:
+  std::optional<std::vector<ResultLayout>> find(const std::vector<int64_t>& key) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = layouts_.find(key);
+    if (found == layouts_.end()) return std::nullopt;
+    return found->second;
+  }
+  void remember(std::vector<int64_t> key, std::vector<ResultLayout> layouts) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    layouts_.emplace(std::move(key), std::move(layouts));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::vector<int64_t>, std::vector<ResultLayout>> layouts_;
+};
+
 // Writes a launched kernel's result where the host allocated it, which must
 // be what the first call with these shapes made: never a cast or a broadcast.
 inline void copy_result(const char* name, const at::Tensor& allocated,
@@ -201,19 +236,36 @@ bool add_to_shape_key(std::vector<int64_t>& key, const T& a) {
   } else if constexpr (std::is_integral_v<U>) {  // int64_t, bool
     key.push_back(static_cast<int64_t>(a));
     return true;
+  } else if constexpr (std::is_same_v<U, std::optional<double>>) {
+    return true;  // a scale: no shape follows from it
   } else {
     static_assert(std::is_floating_point_v<U>, "no shape key for this argument type");
     return true;  // a factor, an epsilon: no shape follows from it
   }
 }
 
-// An argument as the launched kernel keeps it: tensors as device views,
-// sizes copied (an IntArrayRef only borrows them).
+// A launched kernel's own key: add_to_shape_key's, and a CPU scalar (a
+// zero-dimensional CPU tensor, such as attention's dropout seed) is keyed by
+// its dtype, since kept_for_launch copies its value at the launch.
+template <class T>
+bool add_to_launch_key(std::vector<int64_t>& key, const T& a) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    if (a.defined() && a.device().is_cpu() && a.dim() == 0) {
+      key.insert(key.end(), {-3, static_cast<int64_t>(a.scalar_type())});
+      return true;
+    }
+  }
+  return add_to_shape_key(key, a);
+}
+
+// An argument as the launched kernel keeps it: tensors as device views, CPU
+// scalars copied (the host may change them once the launch returns), sizes
+// copied (an IntArrayRef only borrows them).
 template <class T>
 auto kept_for_launch(DeviceViews& view, const T& a) {
   using U = std::decay_t<T>;
   if constexpr (std::is_same_v<U, at::Tensor>) {
-    return view(a);
+    return a.defined() && a.device().is_cpu() ? a.clone() : view(a);
   } else if constexpr (std::is_same_v<U, std::optional<at::Tensor>>) {
     return a ? std::optional<at::Tensor>(view(*a)) : std::optional<at::Tensor>();
   } else if constexpr (std::is_same_v<U, at::IntArrayRef>) {
@@ -246,18 +298,9 @@ struct LaunchedOnStream<name, kernel, compute, R (*)(Args...)> {
     const c10::DeviceIndex device = first_acme_device(args...);
     if (device < 0) return kernel(args...);
     std::vector<int64_t> key;
-    const bool keyable = (add_to_shape_key(key, args) && ...);
-    struct Passed {
-      std::mutex mutex;
-      std::map<std::vector<int64_t>, std::vector<ResultLayout>> layouts;
-    };
-    static auto* passed = new Passed;  // kernels may launch during exit
-    std::optional<std::vector<ResultLayout>> layouts;
-    if (keyable) {
-      const std::lock_guard<std::mutex> lock(passed->mutex);
-      if (const auto found = passed->layouts.find(key); found != passed->layouts.end())
-        layouts = found->second;
-    }
+    const bool keyable = (add_to_launch_key(key, args) && ...);
+    static auto* passed = new PassedShapes;
+    const auto layouts = keyable ? passed->find(key) : std::nullopt;
     if (!layouts) {
       R results = run_on_stream(device, name.text, [&]() -> R { return kernel(args...); });
       std::vector<c10::ScalarType> argument_dtypes;
@@ -275,14 +318,9 @@ struct LaunchedOnStream<name, kernel, compute, R (*)(Args...)> {
         if (t.defined() && std::find(argument_dtypes.begin(), argument_dtypes.end(),
                                      t.scalar_type()) == argument_dtypes.end())
           launchable = false;
-        made.push_back(t.defined() ? ResultLayout{true, t.sizes().vec(), t.strides().vec(),
-                                                  t.scalar_type()}
-                                   : ResultLayout{});
+        made.push_back(layout_of(t));
       });
-      if (launchable) {
-        const std::lock_guard<std::mutex> lock(passed->mutex);
-        passed->layouts.emplace(std::move(key), std::move(made));
-      }
+      if (launchable) passed->remember(std::move(key), std::move(made));
       return results;
     }
     R results;
@@ -290,12 +328,7 @@ struct LaunchedOnStream<name, kernel, compute, R (*)(Args...)> {
     DeviceViews view(DeviceViews::kForLaunch);
     size_t r = 0;
     for_each_result(results, [&](at::Tensor& t) {
-      const ResultLayout& layout = (*layouts)[r++];
-      if (layout.defined) {
-        t = at::empty_strided(layout.sizes, layout.strides,
-                              at::TensorOptions(layout.dtype)
-                                  .device(c10::Device(c10::DeviceType::PrivateUse1, device)));
-      }
+      t = allocate_result((*layouts)[r++], device);
       written.push_back(view(t));
     });
     launch_kernel(device, name.text,

@@ -283,15 +283,10 @@ std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
   return keyable ? key : std::vector<int64_t>{};
 }
 
-// The shapes whose first call has run, waiting, without an error, with the
-// shapes of the results it made (none for an in-place op).
-struct PassedShapes {
-  std::mutex mutex;
-  std::map<std::vector<int64_t>, std::vector<ResultLayout>> keys;
-};
-
+// The shapes whose first call has run (run_on_stream.h), with the layouts
+// of the results it made (none for an in-place op).
 PassedShapes& passed_shapes() {
-  static auto* p = new PassedShapes;  // kernels may launch during exit
+  static auto* p = new PassedShapes;
   return *p;
 }
 
@@ -316,22 +311,13 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const bool fused = schema.name().rfind("aten::_fused_", 0) == 0;
   if (results != Results::only_the_kernel_knows && !fused) key = shape_key(op, arguments);
   if (!key.empty()) {
-    PassedShapes& passed = passed_shapes();
-    std::optional<std::vector<ResultLayout>> shapes;
-    {
-      const std::lock_guard<std::mutex> lock(passed.mutex);
-      if (const auto found = passed.keys.find(key); found != passed.keys.end())
-        shapes = found->second;
-    }
-    if (shapes) {
+    if (const auto shapes = passed_shapes().find(key)) {
       DeviceViews view(DeviceViews::kForLaunch);
       std::vector<c10::IValue> held;
       for (const c10::IValue& v : originals) held.push_back(viewed(view, v));
       std::vector<at::Tensor> made, written;  // new results, and their views
       for (const ResultLayout& r : *shapes) {
-        made.push_back(r.defined ? at::empty_strided(r.sizes, r.strides,
-                                                     at::TensorOptions(r.dtype).device(device))
-                                 : at::Tensor());
+        made.push_back(allocate_result(r, device.index()));
         written.push_back(view(made.back()));
       }
       launch_kernel(device.index(), name, [op, name, held = std::move(held),
@@ -374,12 +360,10 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         // integer tensor), which a launched kernel would read when it runs,
         // not when it was called: such calls keep waiting.
         if (!argument_dtypes.count(t.scalar_type())) return;
-        shapes.push_back({true, t.sizes().vec(), t.strides().vec(), t.scalar_type()});
+        shapes.push_back(layout_of(t));
       }
     }
-    PassedShapes& passed = passed_shapes();
-    const std::lock_guard<std::mutex> lock(passed.mutex);
-    passed.keys.emplace(std::move(key), std::move(shapes));
+    passed_shapes().remember(std::move(key), std::move(shapes));
   }
 }
 //< ch23 on-device-kernel
