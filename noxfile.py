@@ -65,10 +65,10 @@ for _chapter in CHAPTERS:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Build every stage and run the whole test suite."""
+    """Build every stage and run the whole test suite, on two pytest-xdist workers."""
     environment(session)
     build(session)
-    run(session, "-m", "pytest", "tests", *session.posargs)
+    run(session, "-m", "pytest", "tests", "-n", "2", *session.posargs)
 
 
 @nox.session

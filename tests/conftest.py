@@ -72,6 +72,22 @@ def pytest_configure(config):
     sys.path.insert(0, str(stage_path(newest)))
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`nox -s tests` runs the suite on two pytest-xdist workers, a file at a
+    time, so module-scoped fixtures are set up once. The site is built from
+    the chapter runs test_chapters.py makes (tools/chapter_runs.py), so those
+    two files run as one unit, in that order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "book" if path.endswith(("/test_chapters.py", "/test_site.py")) else path
+
+    return ByFile(config, log)
+
+
 def built_stages(config) -> list[int]:
     return [c["number"] for c in CHAPTERS if c["number"] <= config.getoption("--upto")]
 
