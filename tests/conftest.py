@@ -76,14 +76,18 @@ def pytest_configure(config):
 def pytest_xdist_make_scheduler(config, log):
     """`nox -s tests` runs the suite on two pytest-xdist workers, a file at a
     time, so module-scoped fixtures are set up once. The site is built from
-    the chapter runs test_chapters.py makes (tools/chapter_runs.py), so those
-    two files run as one unit, in that order."""
+    what two other files leave in the build folder, the chapter runs of
+    test_chapters.py (tools/chapter_runs.py) and the conformance subset of
+    test_conformance.py (docs/conformance.md), so the three run as one unit,
+    in their collection order: the site last."""
     from xdist.scheduler import LoadScopeScheduling
+
+    book = ("/test_chapters.py", "/test_conformance.py", "/test_site.py")
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return "book" if path.endswith(("/test_chapters.py", "/test_site.py")) else path
+            return "book" if path.endswith(book) else path
 
     return ByFile(config, log)
 

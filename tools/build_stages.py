@@ -36,6 +36,18 @@ sys.path.insert(0, str(ROOT))
 from tools import splitter  # noqa: E402
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+SYSTEM_INCLUDE_RE = re.compile(r"^\s*#\s*include\s+<([^>]+)>", re.M)
+# Precompiled headers, per rule. Most translation units of the torch glue read
+# the first two, and the bindings the third, directly or through a project
+# header; parsing them is a good part of each compile. A unit whose includes
+# already hold its rule's headers is compiled with them precompiled (gcc's
+# -include and .gch): the same code, since it reads them anyway, so a missing
+# #include still fails here as in a vendor's build. (Not with ccache, which
+# cannot cache such compiles without settings of its own.) The snapshots' own
+# CMake build does not do this.
+PCH_HEADERS = {"cxx_torch": ("ATen/core/Tensor.h", "torch/library.h"),
+               "cxx_kineto": ("ATen/core/Tensor.h", "torch/library.h"),
+               "cxx_python": ("pybind11/pybind11.h",)}
 # Glue that plugs into torch.profiler (chapter 19) also reads Kineto's headers.
 KINETO_RE = re.compile(r"^\s*#\s*include\s+<torch/csrc/profiler/", re.M)
 CXXFLAGS = ["-std=c++20", "-O2", "-g0", "-fPIC", "-fvisibility-inlines-hidden", "-Wall"]
@@ -63,7 +75,9 @@ def layer_of(rel: str) -> str:
 class Graph:
     def __init__(self, out: Path):
         self.out = out
-        self.objects: dict[Path, tuple[str, Path, Path]] = {}  # object -> (rule, source, csrc)
+        # object -> (rule, source, csrc, compiled with the precompiled headers?)
+        self.objects: dict[Path, tuple[str, Path, Path, bool]] = {}
+        self.precompile = shutil.which("ccache") is None
         self.links: list[str] = []
         self.all_targets: list[str] = []
 
@@ -87,7 +101,12 @@ class Graph:
             digest.update(path.relative_to(stage_dir).as_posix().encode() + b"\0")
             digest.update(path.read_bytes())
         obj = self.out / "obj" / f"{source.stem}-{digest.hexdigest()[:16]}.o"
-        self.objects.setdefault(obj, (rule, source, stage_dir / "csrc"))
+        if obj not in self.objects:
+            read = set()
+            for path in [source, *self.header_closure(stage_dir, source)]:
+                read |= set(SYSTEM_INCLUDE_RE.findall(path.read_text()))
+            pch = self.precompile and set(PCH_HEADERS.get(rule, ["-"])) <= read
+            self.objects[obj] = (rule, source, stage_dir / "csrc", pch)
         return obj
 
 
@@ -148,7 +167,7 @@ def write_ninja(graph: Graph, flags: dict[str, list[str]], sanitize: bool = Fals
     for rule in ("runtime", "torch", "kineto", "python"):
         lines += [
             f"rule cxx_{rule}",
-            f"  command = $cxx $base -I$csrc ${rule}_flags -MMD -MF $out.d -c $in -o $out",
+            f"  command = $cxx $base -I$csrc ${rule}_flags $pch -MMD -MF $out.d -c $in -o $out",
             "  depfile = $out.d",
             "  deps = gcc",
             f"  description = CXX ({rule}) $in",
@@ -169,8 +188,27 @@ def write_ninja(graph: Graph, flags: dict[str, list[str]], sanitize: bool = Fals
         "  description = LINK $out",
         "",
     ]
-    for obj, (rule, source, csrc) in graph.objects.items():
-        lines.append(f"build {obj}: {rule} {source}\n  csrc = {csrc}")
+    pch_rules = sorted({rule for rule, _, _, pch in graph.objects.values() if pch})
+    for rule in pch_rules:
+        header = graph.out / "pch" / rule / "acme_pch.h"
+        header.parent.mkdir(parents=True, exist_ok=True)
+        write_if_changed(header, "".join(f"#include <{h}>\n" for h in PCH_HEADERS[rule]))
+        lines += [
+            f"rule pch_{rule}",
+            f"  command = $cxx $base ${rule.removeprefix('cxx_')}_flags -x c++-header -MMD"
+            " -MF $out.d $in -o $out",
+            "  depfile = $out.d",
+            "  deps = gcc",
+            f"  description = PCH ({rule.removeprefix('cxx_')}) $in",
+            "",
+            f"build {header}.gch: pch_{rule} {header}",
+            "",
+        ]
+    for obj, (rule, source, csrc, pch) in graph.objects.items():
+        header = graph.out / "pch" / rule / "acme_pch.h"
+        lines.append(f"build {obj}: {rule} {source}" + (f" | {header}.gch" if pch else "")
+                     + f"\n  csrc = {csrc}"
+                     + (f"\n  pch = -include {header} -Winvalid-pch" if pch else ""))
     lines += graph.links
     lines.append(f"default {' '.join(graph.all_targets)}")
     path = graph.out / "build.ninja"
