@@ -38,6 +38,9 @@
 //> ch23 attention-on-stream-include
 #include <ATen/Parallel.h>
 
+#include <deque>
+#include <vector>
+
 #include "aten/launch.h"
 #include "aten/philox_batch.h"
 #include "aten/run_on_stream.h"
@@ -134,8 +137,7 @@ at::Tensor probabilities(at::Tensor& s, const at::Tensor& logsumexp) {
 // (seed, offset) instead of storing it. From chapter 23 the kernels run on
 // the stream's worker, and the mask is drawn there, into host memory, with
 // no generator or kernel of its own.
-at::Tensor dropout_keep(c10::Device /*device*/, at::IntArrayRef sizes, double dropout_p,
-                        uint64_t seed, uint64_t offset) {
+at::Tensor draw_keep(at::IntArrayRef sizes, double dropout_p, uint64_t seed, uint64_t offset) {
   at::Tensor keep = at::empty(sizes, at::TensorOptions().dtype(at::kBool));
   bool* kept = keep.data_ptr<bool>();
   const double p_keep = 1.0 - dropout_p;
@@ -147,6 +149,44 @@ at::Tensor dropout_keep(c10::Device /*device*/, at::IntArrayRef sizes, double dr
                   return static_cast<double>(bits >> 11) * 0x1p-53 < p_keep;
                 });
   });
+  return keep;
+}
+
+// Here, where a device's cores are the host's, drawing a mask costs more than
+// keeping it: the last few masks drawn are kept, read-only, for the backward
+// and for activation checkpointing's recompute, which ask for the same ones.
+at::Tensor dropout_keep(c10::Device /*device*/, at::IntArrayRef sizes, double dropout_p,
+                        uint64_t seed, uint64_t offset) {
+  struct Kept {
+    std::vector<int64_t> sizes;
+    double dropout_p;
+    uint64_t seed, offset;
+    at::Tensor keep;
+  };
+  constexpr size_t kMasks = 8;
+  constexpr int64_t kBytes = int64_t{64} << 20;  // at most this much kept
+  static std::mutex mutex;
+  static auto* kept = new std::deque<Kept>;  // never destroyed: kernels may run at exit
+  static int64_t kept_bytes = 0;
+  const auto same = [&](const Kept& k) {
+    return k.seed == seed && k.offset == offset && k.dropout_p == dropout_p &&
+           sizes.equals(k.sizes);
+  };
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto found = std::find_if(kept->begin(), kept->end(), same);
+    if (found != kept->end()) return found->keep;
+  }
+  at::Tensor keep = draw_keep(sizes, dropout_p, seed, offset);
+  if (keep.numel() <= kBytes) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    kept->push_back({sizes.vec(), dropout_p, seed, offset, keep});
+    kept_bytes += keep.numel();
+    while (kept->size() > kMasks || kept_bytes > kBytes) {
+      kept_bytes -= kept->front().keep.numel();
+      kept->pop_front();
+    }
+  }
   return keep;
 }
 //< ch23 dropout-keep
