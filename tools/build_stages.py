@@ -155,7 +155,7 @@ def plan_third_party(graph: Graph, out: Path, torch_libs: str) -> Path:
 
 
 def write_ninja(graph: Graph, flags: dict[str, list[str]], sanitize: bool = False) -> Path:
-    cc = "ccache g++" if shutil.which("ccache") else "g++"
+    cc = "g++" if graph.precompile else "ccache g++"  # Graph looked for ccache
     lines = [
         "ninja_required_version = 1.10",
         f"cxx = {cc}",
