@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -82,13 +83,19 @@ def train_killed(site: Path, folder: Path, *args: str, after_epochs: int = 1,
                  timeout: float = 600) -> tuple[Run, Run]:
     """Starts a run with --checkpoint, kills it (SIGKILL) a few steps after its
     checkpoint of epoch `after_epochs` is written, then runs the same command
-    again, which resumes. Both runs append to one metrics file."""
+    again, which resumes. Both runs append to one metrics file.
+
+    The kill takes the run's whole process group at once, DataLoader workers
+    included, as a scheduler preempting a job does. Killing the trainer alone
+    leaves a worker that was handing it a batch's file descriptor to print a
+    ConnectionResetError traceback from multiprocessing's resource sharer."""
     folder.mkdir(parents=True, exist_ok=True)
     checkpoint, metrics = folder / "train.ckpt", folder / "metrics-killed.jsonl"
     command = [sys.executable, str(SCRIPT), *args, "--checkpoint", str(checkpoint),
                "--metrics", str(metrics)]
     env = _environment(site)
-    first = subprocess.Popen(command, cwd=folder, env=env, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(command, cwd=folder, env=env, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
 
     def epochs_logged() -> int:
         return len({row["epoch"] for row in read_metrics(metrics)})
@@ -99,7 +106,7 @@ def train_killed(site: Path, folder: Path, *args: str, after_epochs: int = 1,
         assert first.poll() is None, f"the run ended before it was killed:\n{first.stderr.read()}"
         assert time.monotonic() < deadline, "no checkpoint in time"
         time.sleep(0.02)
-    first.kill()
+    os.killpg(first.pid, signal.SIGKILL)
     _, first_err = first.communicate()
     killed_rows = read_metrics(metrics)
     done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True,
