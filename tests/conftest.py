@@ -72,24 +72,44 @@ def pytest_configure(config):
     sys.path.insert(0, str(stage_path(newest)))
 
 
+# The suite's longest pieces, which run first (see pytest_xdist_make_scheduler):
+# the book (a unit of three files, in this order: the site is built from what
+# the other two leave in the build folder) and the vendor test, which builds
+# the final stage from nothing with CMake.
+BOOK = ("test_chapters.py", "test_conformance.py", "test_site.py")
+VENDOR_TEST = "test_packaging.py::test_vendor_copies_installs_and_renames_the_final_stage"
+
+
+def work_unit(nodeid: str) -> str:
+    """What one pytest-xdist worker runs whole: a test file, the book, or the vendor test."""
+    path = nodeid.split("::", 1)[0]
+    if path.endswith(BOOK):
+        return "book"
+    return "vendor" if nodeid.endswith(VENDOR_TEST) else path
+
+
+def pytest_collection_modifyitems(config, items):
+    # Longest first: the book, the vendor test, then each file in its order.
+    first = {"book": 0, "vendor": 1}
+    items.sort(key=lambda item: first.get(work_unit(item.nodeid), 2))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`nox -s tests` runs the suite on two pytest-xdist workers, a file at a
-    time, so module-scoped fixtures are set up once. The site is built from
-    what two other files leave in the build folder, the chapter runs of
-    test_chapters.py (tools/chapter_runs.py) and the conformance subset of
-    test_conformance.py (docs/conformance.md), so the three run as one unit,
-    in their collection order: the site last."""
+    """`nox -s tests` runs the suite on two pytest-xdist workers, a unit
+    (work_unit) at a time, so module-scoped fixtures are set up once. Units go
+    out in collection order, longest first, whenever a worker is almost out of
+    work: one worker starts on the book, the other on the vendor test, and the
+    short files fill in around them."""
     from xdist.scheduler import LoadScopeScheduling
 
-    book = ("/test_chapters.py", "/test_conformance.py", "/test_site.py")
+    config.option.loadscopereorder = False  # not by test count: by collection order
 
-    class ByFile(LoadScopeScheduling):
+    class ByUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "book" if path.endswith(book) else path
+            return work_unit(nodeid)
 
-    return ByFile(config, log)
+    return ByUnit(config, log)
 
 
 def built_stages(config) -> list[int]:

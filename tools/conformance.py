@@ -18,6 +18,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -265,6 +266,7 @@ def run(stage: int = LAST, workers: int = 2, select: str | None = None, quick: b
     for w in pool:
         w.process.stdin.close()
         w.process.wait()
+    shutil.rmtree(logdir, ignore_errors=True)  # what a crash left in a log is in its result
     run_.seconds = time.perf_counter() - started
     return run_
 
