@@ -72,12 +72,16 @@ def pytest_configure(config):
     sys.path.insert(0, str(stage_path(newest)))
 
 
-# The suite's longest pieces, which run first (see pytest_xdist_make_scheduler):
-# the book (a unit of three files, in this order: the site is built from what
-# the other two leave in the build folder) and the vendor test, which builds
-# the final stage from nothing with CMake.
+# The book is one unit of three files, in this order: the site is built from
+# what the other two leave in the build folder.
 BOOK = ("test_chapters.py", "test_conformance.py", "test_site.py")
+# The vendor test builds the final stage from nothing with CMake: a unit of its own.
 VENDOR_TEST = "test_packaging.py::test_vendor_copies_installs_and_renames_the_final_stage"
+# The longest units, longest first (a fresh clone's --durations, 2 workers):
+# each runs as soon as a worker is free, and the short files fill in at the end.
+LONGEST_FIRST = ("book", "vendor", "tests/test_packaging.py", "tests/test_stage_matrix.py",
+                 "tests/test_distributed.py", "tests/test_capstone.py",
+                 "tests/test_bad_inputs.py", "tests/test_runtime.py", "tests/test_threads.py")
 
 
 def work_unit(nodeid: str) -> str:
@@ -89,18 +93,17 @@ def work_unit(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    # Longest first: the book, the vendor test, then each file in its order.
-    first = {"book": 0, "vendor": 1}
-    items.sort(key=lambda item: first.get(work_unit(item.nodeid), 2))
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`nox -s tests` runs the suite on two pytest-xdist workers, a unit
     (work_unit) at a time, so module-scoped fixtures are set up once. Units go
-    out in collection order, longest first, whenever a worker is almost out of
-    work: one worker starts on the book, the other on the vendor test, and the
-    short files fill in around them."""
+    out in collection order (LONGEST_FIRST, then the rest) whenever a worker
+    is almost out of work: one worker starts on the book, the other on the
+    vendor test."""
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False  # not by test count: by collection order
