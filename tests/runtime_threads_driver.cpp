@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/acme_activity.h"
 #include "runtime/acme_runtime.h"
 
 namespace {

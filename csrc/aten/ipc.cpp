@@ -24,6 +24,7 @@
 
 #include "aten/acme_check.h"
 #include "aten/storage.h"
+#include "runtime/acme_ipc.h"
 //> ch18 ipc-launch-include
 #include "aten/launch.h"
 //< ch18 ipc-launch-include

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/acme_runtime.h"
+#include "runtime/acme_activity.h"
 
 namespace acme {
 namespace {

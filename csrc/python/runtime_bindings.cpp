@@ -8,6 +8,9 @@
 #include <utility>
 
 #include "runtime/acme_runtime.h"
+//> ch19 bindings-activity-include
+#include "runtime/acme_activity.h"
+//< ch19 bindings-activity-include
 
 namespace py = pybind11;
 

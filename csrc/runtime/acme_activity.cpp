@@ -13,7 +13,7 @@
 #include <mutex>
 #include <vector>
 
-#include "runtime/acme_runtime.h"
+#include "runtime/acme_activity.h"
 #include "runtime/internal.h"
 
 using acme::internal::fail;

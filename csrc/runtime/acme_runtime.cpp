@@ -23,6 +23,9 @@
 //< ch11 fork-include
 
 #include "runtime/checked_memory.h"
+//> ch16 ipc-include
+#include "runtime/acme_ipc.h"
+//< ch16 ipc-include
 //> ch06 internal-include
 #include "runtime/internal.h"
 //< ch06 internal-include

@@ -5,6 +5,9 @@
 #include <functional>
 
 #include "runtime/acme_runtime.h"
+//> ch19 internal-activity-include
+#include "runtime/acme_activity.h"
+//< ch19 internal-activity-include
 
 namespace acme::internal {
 
