@@ -74,9 +74,9 @@ def pytest_configure(config):
 
 # The book is one unit of three files, in this order: the site is built from
 # what the other two leave in the build folder.
-BOOK = ("test_chapters.py", "test_conformance.py", "test_site.py")
+BOOK = ("/test_chapters.py", "/test_conformance.py", "/test_site.py")
 # The vendor test builds the final stage from nothing with CMake: a unit of its own.
-VENDOR_TEST = "test_packaging.py::test_vendor_copies_installs_and_renames_the_final_stage"
+VENDOR_TEST = "/test_packaging.py::test_vendor_copies_installs_and_renames_the_final_stage"
 # The longest units, longest first (a fresh clone's --durations, 2 workers):
 # each runs as soon as a worker is free, and the short files fill in at the end.
 LONGEST_FIRST = ("book", "vendor", "tests/test_packaging.py", "tests/test_stage_matrix.py",
