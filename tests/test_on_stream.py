@@ -314,3 +314,38 @@ def test_a_result_in_the_default_dtype_keeps_waiting():
     finally:
         torch.set_default_dtype(before)
     torch.testing.assert_close(y.cpu(), torch.sqrt(x.cpu()))
+
+
+def test_a_result_in_a_dtype_of_the_ops_own_is_launched():
+    # max_pool2d's indices are int64 whatever its input: no default dtype is
+    # read, so once its shapes have passed the call is launched, and both
+    # results match the CPU's.
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 10, 6, device="acme")  # shapes no other test uses
+    for expect in ("waited", "launched"):
+        (out, indices), how = launched_or_waited(
+            lambda: F.max_pool2d(x, 2, return_indices=True))
+        assert how == expect
+        want, want_indices = F.max_pool2d(x.cpu(), 2, return_indices=True)
+        assert indices.dtype == torch.int64
+        assert torch.equal(out.cpu(), want) and torch.equal(indices.cpu(), want_indices)
+
+
+def test_a_host_thread_waiting_for_the_stream_is_woken_once():
+    # A thread in synchronize() sleeps until the stream reaches its target:
+    # the worker does not wake it after every item it completes (each
+    # wake-up would take a core from the device's threads). Counted by the
+    # kernel: the thread's voluntary context switches while it waits.
+    def switches() -> int:
+        with open("/proc/thread-self/status") as status:
+            for line in status:
+                if line.startswith("voluntary_ctxt_switches"):
+                    return int(line.split()[1])
+        raise AssertionError("no voluntary_ctxt_switches in /proc/thread-self/status")
+
+    torch.acme.synchronize()
+    for _ in range(200):
+        torch.acme._sleep(100)  # microseconds: 20 ms of queued work
+    before = switches()
+    torch.acme.synchronize()
+    assert switches() - before < 20

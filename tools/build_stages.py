@@ -129,7 +129,7 @@ def plan_stage(graph: Graph, stage_dir: Path, pkg: Path, torch_libs: str) -> Non
     lib = pkg / "libacme_runtime.so"
     ext = pkg / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
     # Until the glue exists (chapter 0) the extension does not link PyTorch at all.
-    torch_libs = torch_libs if glue else ""
+    torch_libs = f"{torch_libs} -fopenmp" if glue else ""
     graph.links.append(f"build {lib}: link_runtime {' '.join(map(str, runtime_objs))}")
     graph.links.append(
         f"build {ext}: link_ext {' '.join(map(str, ext_objs))} | {lib}\n"
@@ -284,8 +284,11 @@ def build(upto: int | None, out: Path, kernels: bool, jobs: int, sanitize: bool 
     torch_inc, torch_libs = torch_flags()
     flags = {
         "runtime": [],  # the vendor runtime must build without PyTorch
-        "torch": torch_inc,
-        "kineto": torch_inc + [f"-isystem{Path(torch_inc[0].removeprefix('-isystem')) / 'kineto'}"],
+        # -fopenmp: ATen's at::parallel_for is an OpenMP loop compiled into the
+        # glue (CMakeLists.txt, ch05 openmp). Stages before chapter 5 call none.
+        "torch": torch_inc + ["-fopenmp"],
+        "kineto": torch_inc + ["-fopenmp",
+                               f"-isystem{Path(torch_inc[0].removeprefix('-isystem')) / 'kineto'}"],
         # pybind11 ships inside torch's include dir
         "python": torch_inc + [f"-isystem{sysconfig.get_paths()['include']}"],
     }

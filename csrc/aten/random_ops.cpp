@@ -35,6 +35,15 @@
 #include "aten/run_on_stream.h"
 //< ch23 random-on-stream-include
 
+//> ch05 openmp-check
+// at::parallel_for is a template in ATen's headers: with PyTorch's OpenMP
+// build its `omp parallel` is compiled here, and a library built without
+// OpenMP runs every such loop on one thread, silently.
+#if AT_PARALLEL_OPENMP && !defined(_OPENMP)
+#error "build the torch glue with OpenMP (CMakeLists.txt, ch05 openmp): at::parallel_for would run on one thread"
+#endif
+//< ch05 openmp-check
+
 namespace acme {
 namespace {
 

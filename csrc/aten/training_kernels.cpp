@@ -356,10 +356,14 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
           shapes.emplace_back();
           continue;
         }
-        // A dtype no argument has may be the default dtype (sqrt of an
-        // integer tensor), which a launched kernel would read when it runs,
-        // not when it was called: such calls keep waiting.
-        if (!argument_dtypes.count(t.scalar_type())) return;
+        // A floating dtype no argument has may be the default dtype (sqrt of
+        // an integer tensor), which a launched kernel would read when it
+        // runs, not when it was called: such calls keep waiting. An integer
+        // or boolean one is the op's own (max_pool2d's indices).
+        const c10::ScalarType dtype = t.scalar_type();
+        if (!argument_dtypes.count(dtype) &&
+            (at::isFloatingType(dtype) || at::isComplexType(dtype)))
+          return;
         shapes.push_back(layout_of(t));
       }
     }

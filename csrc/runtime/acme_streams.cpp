@@ -5,6 +5,9 @@
 // queues "mark record n complete" on a stream, and waiting for it means
 // waiting until the worker has got that far.
 #include <cinttypes>
+//> ch23 streams-wake-include
+#include <algorithm>
+//< ch23 streams-wake-include
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -89,6 +92,9 @@ struct Stream {
   std::atomic<uint64_t> queued{0};  // `submitted`, for a worker looking without the lock
   bool worker_asleep = false;
 //< ch18 stream-spin-state
+//> ch23 stream-wake-at
+  uint64_t wake_at = UINT64_MAX;  // the least `completed` a drain() waits for
+//< ch23 stream-wake-at
 
   // False if the stream is being destroyed: its worker may be gone already.
   bool push(std::function<void()> work, std::function<void()> then = {}) {
@@ -128,7 +134,18 @@ struct Stream {
 //< ch23 drain-inline
     std::unique_lock<std::mutex> lock(mutex);
     const uint64_t target = submitted;
-    changed.wait(lock, [&] { return completed >= target; });
+//> ch06 drain-wait < ch23 drain-wait
+//     changed.wait(lock, [&] { return completed >= target; });
+//< ch06 drain-wait
+//> ch23 drain-wait
+    // The worker wakes waiters when the least target among them is reached,
+    // not after every item: each wake-up takes a core from the device's
+    // threads only to find the queue unfinished.
+    while (completed < target) {
+      wake_at = std::min(wake_at, target);
+      changed.wait(lock);
+    }
+//< ch23 drain-wait
   }
 
   void stop() {
@@ -184,7 +201,15 @@ void serve(std::shared_ptr<Stream> s) {
     lock.lock();
     ++s->completed;
     if (then) then();  // under the stream's lock: both facts change at once
-    s->changed.notify_all();
+//> ch06 serve-notify < ch23 serve-notify
+//     s->changed.notify_all();
+//< ch06 serve-notify
+//> ch23 serve-notify
+    if (s->completed >= s->wake_at) {
+      s->wake_at = UINT64_MAX;  // waiters not done yet ask again
+      s->changed.notify_all();
+    }
+//< ch23 serve-notify
   }
 }
 //< ch06 runtime-stream
