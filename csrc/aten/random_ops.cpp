@@ -40,7 +40,7 @@
 // build its `omp parallel` is compiled here, and a library built without
 // OpenMP runs every such loop on one thread, silently.
 #if AT_PARALLEL_OPENMP && !defined(_OPENMP)
-#error "build the torch glue with OpenMP (CMakeLists.txt, ch05 openmp): at::parallel_for would run on one thread"
+#error "at::parallel_for needs OpenMP here: see CMakeLists.txt, ch05 openmp"
 #endif
 //< ch05 openmp-check
 
