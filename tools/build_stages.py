@@ -282,13 +282,13 @@ def build(upto: int | None, out: Path, kernels: bool, jobs: int, sanitize: bool 
         raise SystemExit("the splitter failed (see above)")
 
     torch_inc, torch_libs = torch_flags()
+    # -fopenmp: ATen's at::parallel_for is an OpenMP loop compiled into the
+    # glue (CMakeLists.txt, ch05 openmp). Stages before chapter 5 call none.
+    glue = torch_inc + ["-fopenmp"]
     flags = {
         "runtime": [],  # the vendor runtime must build without PyTorch
-        # -fopenmp: ATen's at::parallel_for is an OpenMP loop compiled into the
-        # glue (CMakeLists.txt, ch05 openmp). Stages before chapter 5 call none.
-        "torch": torch_inc + ["-fopenmp"],
-        "kineto": torch_inc + ["-fopenmp",
-                               f"-isystem{Path(torch_inc[0].removeprefix('-isystem')) / 'kineto'}"],
+        "torch": glue,
+        "kineto": glue + [f"-isystem{Path(torch_inc[0].removeprefix('-isystem')) / 'kineto'}"],
         # pybind11 ships inside torch's include dir
         "python": torch_inc + [f"-isystem{sysconfig.get_paths()['include']}"],
     }
