@@ -331,6 +331,72 @@ def test_a_result_in_a_dtype_of_the_ops_own_is_launched():
         assert torch.equal(out.cpu(), want) and torch.equal(indices.cpu(), want_indices)
 
 
+def test_a_loss_on_targets_copied_from_the_host_is_launched():
+    # nll_loss checks its class indices at the call. Targets copied from the
+    # host (a training step's) are read once their copy has run, not after
+    # every kernel queued since: in range, the call is launched. So is its
+    # backward, which checks them again.
+    torch.manual_seed(0)
+    logits = torch.randn(6, 11, device="acme", requires_grad=True)  # shapes no other test uses
+    targets = torch.tensor([0, 3, 10, 5, -100, 7]).pin_memory().to("acme", non_blocking=True)
+    for expect in ("waited", "launched"):
+        loss, how = launched_or_waited(lambda: F.cross_entropy(logits, targets))
+        assert how == expect
+        (grad,), how = launched_or_waited(lambda: torch.autograd.grad(
+            F.cross_entropy(logits, targets), logits))
+        assert how == expect
+    cpu_logits = logits.detach().cpu().requires_grad_()
+    want = F.cross_entropy(cpu_logits, targets.cpu())
+    want.backward()
+    torch.testing.assert_close(loss.cpu(), want)
+    torch.testing.assert_close(grad.cpu(), cpu_logits.grad)
+
+
+@pytest.mark.parametrize("targets", ["computed on the device", "written since the copy"])
+def test_a_loss_on_targets_the_host_has_not_seen_waits(targets):
+    # Values the host cannot read from their copy are checked by the kernel,
+    # waiting, so an index out of range still raises at the call.
+    logits = torch.randn(5, 9, device="acme")  # shapes no other test uses
+    copied = torch.tensor([0, 8, 2, 3, 4], device="acme")
+    F.cross_entropy(logits, copied)  # these shapes pass
+    if targets == "computed on the device":
+        computed = copied * 1
+        _, how = launched_or_waited(lambda: F.cross_entropy(logits, computed))
+        assert how == "waited"
+        return
+    # The write is queued behind the sleep: the copy's values are in range, the
+    # tensor's are not by the time the kernel runs. Its version tells.
+    torch.acme.synchronize()
+    torch.acme._sleep(200_000)  # microseconds
+    copied[1] = 9
+    with pytest.raises(IndexError, match="Target 9 is out of bounds"):
+        F.cross_entropy(logits, copied)
+    assert torch.equal((logits * 2).cpu(), logits.cpu() * 2)  # the device works on
+
+
+def test_a_loss_on_copied_targets_out_of_range_raises_at_the_call():
+    logits = torch.randn(7, 4, device="acme")  # shapes no other test uses
+    F.cross_entropy(logits, torch.tensor([0, 1, 2, 3, 0, 1, 2], device="acme"))
+    bad = torch.tensor([0, 1, 2, 3, 4, 1, 2]).pin_memory().to("acme", non_blocking=True)
+    with pytest.raises(IndexError, match="Target 4 is out of bounds"):
+        F.cross_entropy(logits, bad)
+    assert torch.equal((logits * 2).cpu(), logits.cpu() * 2)
+
+
+def test_an_embedding_backward_on_copied_indices_is_launched():
+    torch.manual_seed(0)
+    table = torch.nn.Embedding(13, 3).to("acme")  # shapes no other test uses
+    tokens = torch.tensor([[1, 12, 0], [5, 5, 7]]).to("acme")
+    for expect in ("waited", "launched"):
+        (grad,), how = launched_or_waited(
+            lambda: torch.autograd.grad((table(tokens) * 3).sum(), table.weight))
+        assert how == expect
+    cpu_table = torch.nn.Embedding(13, 3)
+    cpu_table.load_state_dict({"weight": table.weight.detach().cpu()})
+    (cpu_table(tokens.cpu()) * 3).sum().backward()
+    torch.testing.assert_close(grad.cpu(), cpu_table.weight.grad)
+
+
 def test_a_host_thread_waiting_for_the_stream_is_woken_once():
     # A thread in synchronize() sleeps until the stream reaches its target:
     # the worker does not wake it after every item it completes (each

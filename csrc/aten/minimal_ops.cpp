@@ -26,6 +26,9 @@
 //> ch16 storage-include
 #include "aten/storage.h"
 //< ch16 storage-include
+//> ch23 index-checks-include
+#include "aten/index_checks.h"
+//< ch23 index-checks-include
 
 namespace acme {
 namespace {
@@ -259,6 +262,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     at::getHostAllocator(c10::DeviceType::PrivateUse1)
         ->record_event(const_cast<void*>(host_side.const_data_ptr()),
                        host_side.storage().data_ptr().get_context(), stream);
+//> ch23 note-pinned-copy
+    if (dst_on_acme) note_copied_from_host(dst);  // index_checks.h
+//< ch23 note-pinned-copy
     return dst;
   }
 //< ch18 non-blocking
@@ -266,6 +272,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     dst.copy_(to_host(src));  // the CPU's copy_ converts dtype and layout
   } else if (!src_on_acme && dst_on_acme) {
     from_host(src, dst);
+//> ch23 note-copy
+    note_copied_from_host(dst);
+//< ch23 note-copy
   } else {
     const bool same_layout = src.scalar_type() == dst.scalar_type() &&
                              src.is_contiguous() && dst.is_contiguous() &&

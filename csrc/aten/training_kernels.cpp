@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "aten/device_views.h"
+#include "aten/index_checks.h"
 #include "aten/run_on_stream.h"
 
 namespace acme {
@@ -212,12 +213,9 @@ Results results_of(const c10::FunctionSchema& schema) {
   for (const auto& a : schema.arguments()) {
     if (a.is_out()) return Results::only_the_kernel_knows;
   }
-  // Sizes that depend on values (nonzero, a boolean index), and checks of
-  // values, which the caller should see raised by the call itself (a class
-  // index out of range is an IndexError there, as on the CPU).
+  // Sizes that depend on values (nonzero, a boolean index).
   static const auto* value_dependent = new std::set<std::string>{  // kernels may launch at exit
-      "aten::nonzero", "aten::index", "aten::nll_loss_forward", "aten::nll_loss_backward",
-      "aten::embedding_dense_backward"};
+      "aten::nonzero", "aten::index"};
   if (value_dependent->count(schema.name())) return Results::only_the_kernel_knows;
   const auto& returns = schema.returns();
   const bool all_in_place = std::all_of(returns.begin(), returns.end(), [](const auto& r) {
@@ -283,6 +281,40 @@ std::vector<int64_t> shape_key(const c10::OperatorHandle& op,
   return keyable ? key : std::vector<int64_t>{};
 }
 
+// Ops that check the values of an index argument, which the caller should
+// see raised by the call itself (a class index out of range is an IndexError
+// there, as on the CPU). A call is launched only if the host can read those
+// values without waiting for the stream (index_checks.h) and finds them in
+// range; otherwise it waits, and the kernel raises at the call.
+using Args = c10::ArrayRef<c10::IValue>;
+struct IndexCheck {
+  size_t indices;           // the argument checked
+  int64_t (*bound)(Args);   // its values lie in [0, bound)
+  size_t allowed;           // or equal this int argument (ignore_index, padding_idx)
+};
+
+int64_t classes(const c10::IValue& input) {  // nll_loss: an (N, C) or (C) input
+  const at::Tensor& t = input.toTensor();
+  return t.dim() == 1 ? t.size(0) : t.size(1);
+}
+
+const IndexCheck* index_check_of(const c10::FunctionSchema& schema) {
+  static const auto* checks = new std::map<std::string, IndexCheck>{
+      // (self, target, weight, reduction, ignore_index)
+      {"aten::nll_loss_forward", {1, [](Args a) { return classes(a[0]); }, 4}},
+      // (grad_output, self, target, weight, reduction, ignore_index, total_weight)
+      {"aten::nll_loss_backward", {2, [](Args a) { return classes(a[1]); }, 5}},
+      // (grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
+      {"aten::embedding_dense_backward", {1, [](Args a) { return a[2].toInt(); }, 3}}};
+  const auto found = checks->find(schema.name());
+  return found == checks->end() ? nullptr : &found->second;
+}
+
+bool indices_known_in_range(const IndexCheck& check, Args args) {
+  return copied_indices_in_range(args[check.indices].toTensor(), check.bound(args),
+                                 args[check.allowed].toInt());
+}
+
 // The shapes whose first call has run (run_on_stream.h), with the layouts
 // of the results it made (none for an in-place op).
 PassedShapes& passed_shapes() {
@@ -310,8 +342,10 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // set: a first call that passed may have validated nothing.
   const bool fused = schema.name().rfind("aten::_fused_", 0) == 0;
   if (results != Results::only_the_kernel_knows && !fused) key = shape_key(op, arguments);
+  const IndexCheck* index_check = index_check_of(schema);
   if (!key.empty()) {
-    if (const auto shapes = passed_shapes().find(key)) {
+    const auto shapes = passed_shapes().find(key);
+    if (shapes && (!index_check || indices_known_in_range(*index_check, arguments))) {
       DeviceViews view(DeviceViews::kForLaunch);
       std::vector<c10::IValue> held;
       for (const c10::IValue& v : originals) held.push_back(viewed(view, v));
