@@ -42,6 +42,12 @@ Recent& recent() {
   return *r;
 }
 
+// Only contiguous int64 tensors are checked as indices; inference tensors
+// have no version to tell a later write by.
+bool checkable(const at::Tensor& t) {
+  return t.scalar_type() == at::kLong && !t.is_inference() && t.is_contiguous();
+}
+
 size_t first_byte(const at::Tensor& t) {
   return static_cast<size_t>(t.storage_offset()) * t.element_size();
 }
@@ -49,9 +55,7 @@ size_t first_byte(const at::Tensor& t) {
 }  // namespace
 
 void note_copied_from_host(const at::Tensor& dst) {
-  // Only int64 tensors are checked as indices; inference tensors have no
-  // version to tell a later write by.
-  if (dst.scalar_type() != at::kLong || dst.is_inference() || !dst.is_contiguous()) return;
+  if (!checkable(dst)) return;
   auto done = std::make_shared<c10::Event>(kAcme);
   done->record(c10::impl::getDeviceGuardImpl(kAcme)->getStream(dst.device()));
   Copied copied;
@@ -67,9 +71,7 @@ void note_copied_from_host(const at::Tensor& dst) {
 }
 
 bool copied_indices_in_range(const at::Tensor& indices, int64_t bound, int64_t allowed) {
-  if (!indices.defined() || indices.device().type() != kAcme ||
-      indices.scalar_type() != at::kLong || indices.is_inference() || !indices.is_contiguous())
-    return false;
+  if (!indices.defined() || indices.device().type() != kAcme || !checkable(indices)) return false;
   const c10::StorageImpl* storage = indices.storage().unsafeGetStorageImpl();
   const size_t begin = first_byte(indices), end = begin + indices.nbytes();
   // A write through the dispatcher since the copy (in place, out=, on any

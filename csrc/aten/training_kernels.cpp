@@ -342,9 +342,9 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // set: a first call that passed may have validated nothing.
   const bool fused = schema.name().rfind("aten::_fused_", 0) == 0;
   if (results != Results::only_the_kernel_knows && !fused) key = shape_key(op, arguments);
-  const IndexCheck* index_check = index_check_of(schema);
   if (!key.empty()) {
     const auto shapes = passed_shapes().find(key);
+    const IndexCheck* index_check = shapes ? index_check_of(schema) : nullptr;
     if (shapes && (!index_check || indices_known_in_range(*index_check, arguments))) {
       DeviceViews view(DeviceViews::kForLaunch);
       std::vector<c10::IValue> held;
