@@ -456,6 +456,25 @@ def training_figures(quick: bool) -> dict:
     return figures
 
 
+def training_noise_floor(quick: bool) -> dict:
+    """The training figures' resolution on this machine: the same protocol as
+    training_figures (the eager CNN, alternating order, median of the rounds),
+    with the CPU on both sides. A device at parity reads anywhere in this range."""
+    import train_runs
+
+    site = train_runs.installed(BUILD, NATIVE)
+    rounds, samples = (1, 1024) if quick else (5, 4096)
+    args = ("--model", "cnn", "--epochs", "2", "--samples", str(samples), "--device", "cpu")
+    first, second = [], []
+    with tempfile.TemporaryDirectory() as folder:
+        for number in range(rounds):
+            for side in ((first, second) if number % 2 == 0 else (second, first)):
+                side.append(train_runs.steps_per_second(
+                    train_runs.train(site, Path(folder), *args).check()))
+    ratios = [b / a for a, b in zip(first, second)]
+    return {"ratio": statistics.median(ratios), "ratios": ratios}
+
+
 # ---- build figures -------------------------------------------------------------------
 
 
@@ -797,7 +816,17 @@ def training_section(results: dict) -> list[str]:
             "(their range in parentheses). "
             f"Target: acme / CPU >= {TARGETS['training']}.", "",
             "| model | CPU steps/s | acme steps/s | acme / CPU | target |",
-            "| --- | --- | --- | --- | --- |", *rows, ""]
+            "| --- | --- | --- | --- | --- |", *rows, "", *noise_floor_lines(results)]
+
+
+def noise_floor_lines(results: dict) -> list[str]:
+    n = results.get("training_noise")
+    if not n:
+        return []
+    return [f"The same protocol with the CPU on both sides (the eager CNN), as a measure of "
+            f"the figures' resolution on this machine: {n['ratio']:.2f} "
+            f"({min(n['ratios']):.2f}-{max(n['ratios']):.2f}). Two devices at parity read "
+            "anywhere in that range.", ""]
 
 
 def report(results: dict) -> str:
@@ -1159,6 +1188,7 @@ def main() -> None:
     results["targets"]["checked"]["training"] = {
         "value": min(f["ratio"] for f in results["training"].values()),
         "met": all(f["ratio"] >= TARGETS["training"] for f in results["training"].values())}
+    results["training_noise"] = training_noise_floor(args.quick)
     results["imports"] = import_times(5 if args.quick else 15)
     if not args.skip_build:
         print("building every stage from scratch (several minutes)", flush=True)
