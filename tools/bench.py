@@ -459,7 +459,7 @@ def training_figures(quick: bool) -> dict:
 def training_noise_floor(quick: bool) -> dict:
     """The training figures' resolution on this machine: the same protocol as
     training_figures (the eager CNN, alternating order, median of the rounds),
-    with the CPU on both sides. A device at parity reads anywhere in this range."""
+    with the CPU on both sides: how far from 1.0 two devices at parity can read."""
     import train_runs
 
     site = train_runs.installed(BUILD, NATIVE)
@@ -825,8 +825,8 @@ def noise_floor_lines(results: dict) -> list[str]:
         return []
     return [f"The same protocol with the CPU on both sides (the eager CNN), as a measure of "
             f"the figures' resolution on this machine: {n['ratio']:.2f} "
-            f"({min(n['ratios']):.2f}-{max(n['ratios']):.2f}). Two devices at parity read "
-            "anywhere in that range.", ""]
+            f"({min(n['ratios']):.2f}-{max(n['ratios']):.2f}): how far from 1.0 two devices "
+            "at parity can read.", ""]
 
 
 def report(results: dict) -> str:
