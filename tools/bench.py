@@ -415,6 +415,21 @@ def distributed_figures(quick: bool) -> dict:
     return figures
 
 
+def training_protocol(quick: bool) -> tuple[int, int]:
+    """(rounds, samples) of the training figures and of their noise floor."""
+    # The epoch timed is 128 steps (32 when quick): at 32 the CNN's was over in
+    # half a second, and one round's ratio swung by a fifth either way.
+    return (1, 1024) if quick else (5, 4096)
+
+
+def alternate(rounds: int, first, second) -> None:
+    """Runs first() and second() `rounds` times, each going first in every
+    other round, so neither always meets the machine as the other left it."""
+    for number in range(rounds):
+        for run in ((first, second) if number % 2 == 0 else (second, first)):
+            run()
+
+
 def training_figures(quick: bool) -> dict:
     """Chapter 23: tools/train.py itself, steps per second over its last epoch
     (compilation and warm-up done in the first), acme against the CPU. Each
@@ -424,9 +439,7 @@ def training_figures(quick: bool) -> dict:
     import train_runs  # beside this file
 
     site = train_runs.installed(BUILD, NATIVE)
-    rounds, samples = (1, 1024) if quick else (5, 4096)
-    # The epoch timed is 128 steps (32 when quick): at 32 the CNN's was over in
-    # half a second, and one round's ratio swung by a fifth either way.
+    rounds, samples = training_protocol(quick)
     figures = {}
     with tempfile.TemporaryDirectory() as folder:
         for model in ("cnn", "lm"):
@@ -444,11 +457,7 @@ def training_figures(quick: bool) -> dict:
                     assert not run.fallback_ops, run.fallback_ops
                     acme.append(train_runs.steps_per_second(run))
 
-                for number in range(rounds):
-                    # Each device goes first in every other round, so neither
-                    # always meets the machine as the other left it.
-                    for run_on in ((on_cpu, on_acme) if number % 2 == 0 else (on_acme, on_cpu)):
-                        run_on()
+                alternate(rounds, on_cpu, on_acme)
                 ratios = [a / c for a, c in zip(acme, cpu)]
                 figures[f"{model} {'compiled' if compiled else 'eager'}"] = {
                     "cpu_steps_s": statistics.median(cpu), "acme_steps_s": statistics.median(acme),
@@ -463,14 +472,15 @@ def training_noise_floor(quick: bool) -> dict:
     import train_runs
 
     site = train_runs.installed(BUILD, NATIVE)
-    rounds, samples = (1, 1024) if quick else (5, 4096)
+    rounds, samples = training_protocol(quick)
     args = ("--model", "cnn", "--epochs", "2", "--samples", str(samples), "--device", "cpu")
     first, second = [], []
     with tempfile.TemporaryDirectory() as folder:
-        for number in range(rounds):
-            for side in ((first, second) if number % 2 == 0 else (second, first)):
-                side.append(train_runs.steps_per_second(
-                    train_runs.train(site, Path(folder), *args).check()))
+        def run_into(side):
+            return lambda: side.append(train_runs.steps_per_second(
+                train_runs.train(site, Path(folder), *args).check()))
+
+        alternate(rounds, run_into(first), run_into(second))
     ratios = [b / a for a, b in zip(first, second)]
     return {"ratio": statistics.median(ratios), "ratios": ratios}
 
