@@ -16,6 +16,9 @@
 //> ch18 views-include
 #include "aten/launch.h"
 //< ch18 views-include
+//> ch23 views-sizes-include
+#include "aten/kernel_threads.h"
+//< ch23 views-sizes-include
 
 namespace acme {
 
@@ -43,8 +46,21 @@ class DeviceViews {
   explicit DeviceViews(Mode mode = kHostAccess) : mode_(mode) {}
 
 //< ch18 views-modes
+//> ch23 views-sizes
+  // A launch's views tell it its size (kernel_threads.h); views that launched
+  // nothing leave none behind for the next launch.
+  ~DeviceViews() {
+    if (mode_ == kForLaunch) forget_kernel_elements();
+  }
+  DeviceViews(const DeviceViews&) = delete;
+  DeviceViews& operator=(const DeviceViews&) = delete;
+
+//< ch23 views-sizes
   at::Tensor operator()(const at::TensorBase& t) {
     if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return at::Tensor(t);
+//> ch23 views-note
+    if (mode_ == kForLaunch) note_kernel_elements(t.numel());
+//< ch23 views-note
     for (const auto& [impl, view] : tensors_)
       if (impl == t.unsafeGetTensorImpl()) return view;
     at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(

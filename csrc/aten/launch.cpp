@@ -23,6 +23,9 @@
 //< ch23 flag-include
 
 #include "aten/acme_check.h"
+//> ch23 kernel-threads-include
+#include "aten/kernel_threads.h"
+//< ch23 kernel-threads-include
 //> ch23 run-on-stream-include
 #include "aten/run_on_stream.h"
 //< ch23 run-on-stream-include
@@ -79,6 +82,16 @@ int device_threads() {
   return count;
 }
 [[maybe_unused]] const int device_threads_at_load = device_threads();  // read it now
+
+// The worker is a thread PyTorch never saw: give it the device's thread
+// count, once, before its first kernel. ATen's first parallel call on a
+// thread sets that thread's count to the process-wide one: get_num_threads
+// makes that happen first, so it cannot undo a count set later.
+void prepare_worker_threads() {
+  thread_local const bool threads_set =
+      (at::get_num_threads(), at::set_num_threads(device_threads()), true);
+  (void)threads_set;
+}
 }  // namespace
 
 c10::DeviceIndex running_kernel_device() { return running_device; }
@@ -105,10 +118,7 @@ int run_kernel_body(void (*call)(void*), void* body, char* message, size_t size)
 //   (void)threads_set;
 //< ch18 worker-threads
 //> ch23 worker-threads
-  // The worker is a thread PyTorch never saw: give it the device's thread
-  // count, once.
-  thread_local const bool threads_set = (at::set_num_threads(device_threads()), true);
-  (void)threads_set;
+  prepare_worker_threads();
 //< ch23 worker-threads
 //> ch23 body-inline
   // No message buffer: launch_on runs this kernel inside a body, under its
@@ -135,8 +145,46 @@ int run_kernel_body(void (*call)(void*), void* body, char* message, size_t size)
   return 1;
 }
 
+//> ch23 threaded-launch
+namespace {
+// A kernel, with the thread count and graph flag it was queued with: the
+// worker runs it under them (kernel_threads.h).
+struct Threaded {
+  acmeKernelFunction run;
+  void* args;
+  void (*release)(void*);
+  int threads;
+  bool in_graph;
+};
+
+int run_threaded(void* kernel, char* message, size_t size) {
+  const auto* k = static_cast<const Threaded*>(kernel);
+  prepare_worker_threads();  // first, or it would undo the count set here
+  const bool graph_before = set_in_compiled_graph(k->in_graph);
+  int result = 0;
+  {
+    const KernelThreads threads(k->threads);
+    result = k->run(k->args, message, size);
+  }
+  set_in_compiled_graph(graph_before);
+  return result;
+}
+
+void release_threaded(void* kernel) {
+  const auto* k = static_cast<const Threaded*>(kernel);
+  if (k->release) k->release(k->args);
+  delete k;
+}
+}  // namespace
+//< ch23 threaded-launch
+
 void launch_on(c10::DeviceIndex device, const char* name, acmeKernelFunction run, void* args,
                void (*release)(void*)) {
+//> ch23 launch-threads
+  // How many threads this kernel gets: the sizes its DeviceViews noted, or
+  // the device's count when it viewed nothing (kernel_threads.h).
+  const int threads = kernel_threads(take_kernel_elements(), device_threads());
+//< ch23 launch-threads
 //> ch23 launch-inline
   if (device == running_kernel_device()) {  // inside a body: its stream has got here
     const struct Release {
@@ -146,10 +194,21 @@ void launch_on(c10::DeviceIndex device, const char* name, acmeKernelFunction run
         if (release) release(args);
       }
     } owned{release, args};
+    const KernelThreads threads_here(threads);
     TORCH_INTERNAL_ASSERT(run(args, nullptr, 0) == 0, name, ": failed without an exception");
     return;
   }
 //< ch23 launch-inline
+//> ch23 launch-threaded
+  const bool in_graph = in_compiled_graph();
+  if (threads != device_threads() || in_graph) {
+    // The runtime releases the wrapper (and so `args`) in every case.
+    ACME_CHECK(acmeLaunchKernel(current_stream(device), name, run_threaded,
+                                new Threaded{run, args, release, threads, in_graph},
+                                release_threaded));
+    return;
+  }
+//< ch23 launch-threaded
   // The runtime releases `args` in every case, a failed launch included.
   ACME_CHECK(acmeLaunchKernel(current_stream(device), name, run, args, release));
 }

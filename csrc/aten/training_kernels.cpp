@@ -315,6 +315,19 @@ bool indices_known_in_range(const IndexCheck& check, Args args) {
                                  args[check.allowed].toInt());
 }
 
+// The size a routed op's kernel is given its threads by (kernel_threads.h):
+// its largest argument, known before its first call's body runs as well as
+// after, so the first call and the later ones run on the same count.
+int64_t largest_argument(Args args) {
+  int64_t largest = 0;
+  for (const c10::IValue& v : args) {
+    if (v.isTensor() && v.toTensor().defined()) largest = std::max(largest, v.toTensor().numel());
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) largest = std::max(largest, t.numel());
+  }
+  return largest;
+}
+
 // The shapes whose first call has run (run_on_stream.h), with the layouts
 // of the results it made (none for an in-place op).
 PassedShapes& passed_shapes() {
@@ -354,6 +367,8 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         made.push_back(allocate_result(r, device.index()));
         written.push_back(view(made.back()));
       }
+      forget_kernel_elements();  // the results' views are not what sizes it
+      note_kernel_elements(largest_argument(originals));
       launch_kernel(device.index(), name, [op, name, held = std::move(held),
                                            written = std::move(written)] {
         torch::jit::Stack kernel_stack(held);
@@ -373,6 +388,9 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       return;
     }
   }
+  // (Inside a body the call runs at once, under the body's threads.)
+  if (device.index() != running_kernel_device())
+    note_kernel_elements(largest_argument(originals));
   run_on_stream(device.index(), name, [&] { on_device_kernel(op, stack, device); });
   if (!key.empty()) {
     std::vector<ResultLayout> shapes;

@@ -8,12 +8,19 @@
 #include <vector>
 
 #include "aten/compiled_kernels.h"
+//> ch23 graph-flag-include
+#include "aten/kernel_threads.h"
+//< ch23 graph-flag-include
 
 namespace {
 constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's name
 }  // namespace
 
 void acme_bind_compile(pybind11::module_& m) {
+//> ch23 graph-flag
+  // torch_acme.inductor.graph_call sets it around a compiled graph's call.
+  m.def("_set_in_compiled_graph", &acme::set_in_compiled_graph, pybind11::arg("inside"));
+//< ch23 graph-flag
   m.def(
       "_launch_compiled",
       [](const std::string& name, uintptr_t entry, const std::string& signature,

@@ -36,6 +36,9 @@ from torch._inductor.virtualized import V
 from . import DEVICE_NAME, inductor_config
 from .dynamo import AcmeInterface
 from ._C import _launch_compiled
+#> ch23 graph-flag-import
+from ._C import _set_in_compiled_graph
+#< ch23 graph-flag-import
 
 # ---- running a compiled kernel ----
 
@@ -58,6 +61,23 @@ class CompiledKernel:
             self._entry = ctypes.cast(function, ctypes.c_void_p).value
         _launch_compiled(self.name, self._entry, self.signature, args)
 #< ch20 compiled-kernel
+
+
+#> ch23 graph-call
+def graph_call(call):
+    """A compiled graph's `call`, run with the device's full thread count for
+    every kernel it launches (csrc/aten/kernel_threads.h): Inductor sized its
+    own kernels for that count, and the graph's matrix multiplies need it."""
+
+    def run(args):
+        before = _set_in_compiled_graph(True)
+        try:
+            return call(args)
+        finally:
+            _set_in_compiled_graph(before)
+
+    return run
+#< ch23 graph-call
 
 
 # ---- turning Inductor's C++ kernel into an acme kernel ----
@@ -124,6 +144,9 @@ class _AcmeKernels:
     def write_header(self) -> None:
         super().write_header()
         self.imports.writeline(f"from {__name__} import CompiledKernel")
+#> ch23 graph-call-import
+        self.imports.writeline(f"from {__name__} import graph_call as _acme_graph_call")
+#< ch23 graph-call-import
 
     def define_kernel(self, kernel_name, kernel_body, metadata=None, gpu=True,
                       cpp_definition=None):
@@ -162,6 +185,14 @@ class AcmeWrapperCodegen(_AcmeKernels, PythonWrapperCodegen):
         if is_subgraph:
             return AcmeSubgraphWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
         return AcmeWrapperCodegen()
+#> ch23 graph-call-wrap
+
+    def generate_after_suffix(self, result) -> None:
+        super().generate_after_suffix(result)
+        # What Inductor calls is the module's `call`: wrapped, the graph runs
+        # its kernels on the device's full thread count (graph_call).
+        result.writeline("call = _acme_graph_call(call)")
+#< ch23 graph-call-wrap
 
 
 class AcmeSubgraphWrapperCodegen(_AcmeKernels, SubgraphPythonWrapperCodegen):

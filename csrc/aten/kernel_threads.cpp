@@ -1,0 +1,56 @@
+//@ ch23
+#include "aten/kernel_threads.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <utility>
+
+// MKL's per-thread count, which at::set_num_threads sets too. PyTorch's x86
+// wheels link MKL into libtorch_cpu and export its C entry (the lower-case
+// name is the Fortran one and takes a pointer). Weak: where PyTorch has no
+// MKL, the symbol is null and only OpenMP's count changes.
+extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
+
+namespace acme {
+namespace {
+thread_local int64_t kernel_elements = -1;
+thread_local bool inside_graph = false;
+
+int set_mkl_threads(int threads) {
+  return MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(threads) : -1;
+}
+}  // namespace
+
+void note_kernel_elements(int64_t elements) {
+  kernel_elements = std::max(kernel_elements, elements);
+}
+
+void forget_kernel_elements() { kernel_elements = -1; }
+
+int64_t take_kernel_elements() { return std::exchange(kernel_elements, -1); }
+
+bool set_in_compiled_graph(bool inside) { return std::exchange(inside_graph, inside); }
+
+bool in_compiled_graph() { return inside_graph; }
+
+int kernel_threads(int64_t elements, int device_threads) {
+  if (inside_graph || elements < 0 || elements >= kOneThreadBelow) return device_threads;
+  return 1;
+}
+
+KernelThreads::KernelThreads(int threads)
+    : omp_before_(omp_get_max_threads()), changed_(threads != omp_before_) {
+  if (!changed_) return;
+  omp_set_num_threads(threads);
+  mkl_before_ = set_mkl_threads(threads);
+}
+
+KernelThreads::~KernelThreads() {
+  if (!changed_) return;
+  omp_set_num_threads(omp_before_);
+  // 0 is MKL's "no per-thread count": it follows the process-wide one again.
+  if (mkl_before_ >= 0) set_mkl_threads(mkl_before_);
+}
+
+}  // namespace acme
