@@ -16,9 +16,10 @@ namespace acme {
 namespace {
 thread_local int64_t kernel_elements = -1;
 thread_local bool inside_graph = false;
+thread_local int threads_here = 0;  // what use_kernel_threads last set here (0: nothing)
 
-int set_mkl_threads(int threads) {
-  return MKL_Set_Num_Threads_Local ? MKL_Set_Num_Threads_Local(threads) : -1;
+void set_mkl_threads(int threads) {
+  if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(threads);
 }
 }  // namespace
 
@@ -39,18 +40,18 @@ int kernel_threads(int64_t elements, int device_threads) {
   return 1;
 }
 
-KernelThreads::KernelThreads(int threads)
-    : omp_before_(omp_get_max_threads()), changed_(threads != omp_before_) {
-  if (!changed_) return;
+void use_kernel_threads(int threads) {
+  if (threads == threads_here) return;
   omp_set_num_threads(threads);
-  mkl_before_ = set_mkl_threads(threads);
+  set_mkl_threads(threads);
+  threads_here = threads;
 }
 
-KernelThreads::~KernelThreads() {
-  if (!changed_) return;
-  omp_set_num_threads(omp_before_);
-  // 0 is MKL's "no per-thread count": it follows the process-wide one again.
-  if (mkl_before_ >= 0) set_mkl_threads(mkl_before_);
+KernelThreads::KernelThreads(int threads)
+    : before_(threads_here > 0 ? threads_here : omp_get_max_threads()) {
+  use_kernel_threads(threads);
 }
+
+KernelThreads::~KernelThreads() { use_kernel_threads(before_); }
 
 }  // namespace acme

@@ -32,8 +32,12 @@ bool in_compiled_graph();
 // the graph flag only, so seeded runs still agree bit for bit.
 int kernel_threads(int64_t elements, int device_threads);
 
-// Sets this thread's OpenMP and MKL thread counts for one kernel and puts them
-// back after; ATen's kernels (at::parallel_for, oneDNN, MKL) read both.
+// Sets this thread's OpenMP and MKL thread counts (ATen's kernels, oneDNN
+// and MKL read both), unless the last call here set them to `threads`
+// already: a run of small kernels pays for the change once.
+void use_kernel_threads(int threads);
+
+// The same for a kernel run inside another (a body's), and back after it.
 class KernelThreads {
  public:
   explicit KernelThreads(int threads);
@@ -42,9 +46,7 @@ class KernelThreads {
   KernelThreads& operator=(const KernelThreads&) = delete;
 
  private:
-  int omp_before_;
-  int mkl_before_ = -1;
-  bool changed_ = false;
+  int before_;
 };
 
 }  // namespace acme

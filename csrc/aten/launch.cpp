@@ -88,8 +88,8 @@ int device_threads() {
 // thread sets that thread's count to the process-wide one: get_num_threads
 // makes that happen first, so it cannot undo a count set later.
 void prepare_worker_threads() {
-  thread_local const bool threads_set =
-      (at::get_num_threads(), at::set_num_threads(device_threads()), true);
+  thread_local const bool threads_set = (at::get_num_threads(), at::set_num_threads(device_threads()),
+                                         use_kernel_threads(device_threads()), true);
   (void)threads_set;
 }
 }  // namespace
@@ -148,7 +148,7 @@ int run_kernel_body(void (*call)(void*), void* body, char* message, size_t size)
 //> ch23 threaded-launch
 namespace {
 // A kernel, with the thread count and graph flag it was queued with: the
-// worker runs it under them (kernel_threads.h).
+// worker runs it with them (kernel_threads.h).
 struct Threaded {
   acmeKernelFunction run;
   void* args;
@@ -160,12 +160,9 @@ struct Threaded {
 int run_threaded(void* kernel, char* message, size_t size) {
   const auto* k = static_cast<const Threaded*>(kernel);
   prepare_worker_threads();  // first, or it would undo the count set here
+  use_kernel_threads(k->threads);  // kept for the next kernel, which often wants it too
   const bool graph_before = set_in_compiled_graph(k->in_graph);
-  int result = 0;
-  {
-    const KernelThreads threads(k->threads);
-    result = k->run(k->args, message, size);
-  }
+  const int result = k->run(k->args, message, size);
   set_in_compiled_graph(graph_before);
   return result;
 }
@@ -200,8 +197,11 @@ void launch_on(c10::DeviceIndex device, const char* name, acmeKernelFunction run
   }
 //< ch23 launch-inline
 //> ch23 launch-threaded
+  // Every kernel carries its count when the device has more than one thread:
+  // the worker keeps the last count it set, so a large kernel after a small
+  // one must say so too.
   const bool in_graph = in_compiled_graph();
-  if (threads != device_threads() || in_graph) {
+  if (device_threads() > 1 || in_graph) {
     // The runtime releases the wrapper (and so `args`) in every case.
     ACME_CHECK(acmeLaunchKernel(current_stream(device), name, run_threaded,
                                 new Threaded{run, args, release, threads, in_graph},
