@@ -16,7 +16,6 @@ namespace acme {
 namespace {
 thread_local int64_t kernel_elements = -1;
 thread_local bool inside_graph = false;
-thread_local int threads_here = 0;  // what use_kernel_threads last set here (0: nothing)
 
 void set_mkl_threads(int threads) {
   if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(threads);
@@ -41,17 +40,11 @@ int kernel_threads(int64_t elements, int device_threads) {
 }
 
 void use_kernel_threads(int threads) {
-  if (threads == threads_here) return;
+  // OpenMP's own count is the reference: ATen may set it behind this file's
+  // back (at::set_num_threads sets OpenMP's and MKL's together).
+  if (threads == omp_get_max_threads()) return;
   omp_set_num_threads(threads);
   set_mkl_threads(threads);
-  threads_here = threads;
 }
-
-KernelThreads::KernelThreads(int threads)
-    : before_(threads_here > 0 ? threads_here : omp_get_max_threads()) {
-  use_kernel_threads(threads);
-}
-
-KernelThreads::~KernelThreads() { use_kernel_threads(before_); }
 
 }  // namespace acme

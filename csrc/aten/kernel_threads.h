@@ -33,20 +33,8 @@ bool in_compiled_graph();
 int kernel_threads(int64_t elements, int device_threads);
 
 // Sets this thread's OpenMP and MKL thread counts (ATen's kernels, oneDNN
-// and MKL read both), unless the last call here set them to `threads`
-// already: a run of small kernels pays for the change once.
+// and MKL read both), unless OpenMP's is `threads` already: a run of small
+// kernels pays for the change once.
 void use_kernel_threads(int threads);
-
-// The same for a kernel run inside another (a body's), and back after it.
-class KernelThreads {
- public:
-  explicit KernelThreads(int threads);
-  ~KernelThreads();
-  KernelThreads(const KernelThreads&) = delete;
-  KernelThreads& operator=(const KernelThreads&) = delete;
-
- private:
-  int before_;
-};
 
 }  // namespace acme

@@ -191,7 +191,8 @@ void launch_on(c10::DeviceIndex device, const char* name, acmeKernelFunction run
         if (release) release(args);
       }
     } owned{release, args};
-    const KernelThreads threads_here(threads);
+    // It runs with the body's thread count, whatever its own size: the body's
+    // first call and the launches of later calls must round alike.
     TORCH_INTERNAL_ASSERT(run(args, nullptr, 0) == 0, name, ": failed without an exception");
     return;
   }

@@ -130,6 +130,24 @@ c10::DeviceIndex first_acme_device(const Args&... args) {
   return device;
 }
 
+// The size a kernel registered below gets its thread count by
+// (kernel_threads.h): its largest tensor argument, the same for a first call
+// that runs as a body and for the later calls that are launched.
+template <class... Args>
+int64_t largest_tensor(const Args&... args) {
+  int64_t largest = 0;
+  auto one = [&](const auto& a) {
+    using U = std::decay_t<decltype(a)>;
+    if constexpr (std::is_same_v<U, at::Tensor>) {
+      if (a.defined()) largest = std::max(largest, a.numel());
+    } else if constexpr (std::is_same_v<U, std::optional<at::Tensor>>) {
+      if (a && a->defined()) largest = std::max(largest, a->numel());
+    }
+  };
+  (one(args), ...);
+  return largest;
+}
+
 // A kernel written to run on the host, registered to run on the stream:
 // m.impl("op", TORCH_FN((OnStream<"aten::op", kernel>::call))).
 template <KernelName name, auto kernel, class Signature = decltype(kernel)>
@@ -139,6 +157,7 @@ struct OnStream<name, kernel, R (*)(Args...)> {
   static R call(Args... args) {
     const c10::DeviceIndex device = first_acme_device(args...);
     if (device < 0) return kernel(std::forward<Args>(args)...);
+    if (device != running_kernel_device()) note_kernel_elements(largest_tensor(args...));
     return run_on_stream(device, name.text, [&]() -> R { return kernel(std::forward<Args>(args)...); });
   }
 };
@@ -302,6 +321,7 @@ struct LaunchedOnStream<name, kernel, compute, R (*)(Args...)> {
     static auto* passed = new PassedShapes;
     const auto layouts = keyable ? passed->find(key) : std::nullopt;
     if (!layouts) {
+      if (device != running_kernel_device()) note_kernel_elements(largest_tensor(args...));
       R results = run_on_stream(device, name.text, [&]() -> R { return kernel(args...); });
       std::vector<c10::ScalarType> argument_dtypes;
       auto note_dtype = [&](const auto& a) {
@@ -331,6 +351,8 @@ struct LaunchedOnStream<name, kernel, compute, R (*)(Args...)> {
       t = allocate_result((*layouts)[r++], device);
       written.push_back(view(t));
     });
+    forget_kernel_elements();  // sized by its arguments, as the first call was
+    note_kernel_elements(largest_tensor(args...));
     launch_kernel(device, name.text,
                   [written = std::move(written),
                    kept = std::make_tuple(kept_for_launch(view, args)...)]() mutable {
