@@ -30,6 +30,8 @@ void forget_kernel_elements() { kernel_elements = -1; }
 
 int64_t take_kernel_elements() { return std::exchange(kernel_elements, -1); }
 
+void set_kernel_elements(int64_t elements) { kernel_elements = elements; }
+
 bool set_in_compiled_graph(bool inside) { return std::exchange(inside_graph, inside); }
 
 bool in_compiled_graph() { return inside_graph; }

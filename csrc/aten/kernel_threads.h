@@ -20,6 +20,8 @@ constexpr int64_t kOneThreadBelow = int64_t{1} << 20;
 void note_kernel_elements(int64_t elements);
 void forget_kernel_elements();
 int64_t take_kernel_elements();
+// The next launch's size is `elements`, whatever its views noted.
+void set_kernel_elements(int64_t elements);
 
 // Inside a compiled graph's call (torch_acme.inductor.graph_call) every kernel
 // keeps the device's thread count: Inductor sized the graph's own kernels for

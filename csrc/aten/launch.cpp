@@ -88,8 +88,8 @@ int device_threads() {
 // thread sets that thread's count to the process-wide one: get_num_threads
 // makes that happen first, so it cannot undo a count set later.
 void prepare_worker_threads() {
-  thread_local const bool threads_set = (at::get_num_threads(), at::set_num_threads(device_threads()),
-                                         use_kernel_threads(device_threads()), true);
+  thread_local const bool threads_set =
+      (at::get_num_threads(), at::set_num_threads(device_threads()), true);
   (void)threads_set;
 }
 }  // namespace
@@ -201,11 +201,10 @@ void launch_on(c10::DeviceIndex device, const char* name, acmeKernelFunction run
   // Every kernel carries its count when the device has more than one thread:
   // the worker keeps the last count it set, so a large kernel after a small
   // one must say so too.
-  const bool in_graph = in_compiled_graph();
-  if (device_threads() > 1 || in_graph) {
+  if (device_threads() > 1) {
     // The runtime releases the wrapper (and so `args`) in every case.
     ACME_CHECK(acmeLaunchKernel(current_stream(device), name, run_threaded,
-                                new Threaded{run, args, release, threads, in_graph},
+                                new Threaded{run, args, release, threads, in_compiled_graph()},
                                 release_threaded));
     return;
   }

@@ -53,11 +53,14 @@ class RunningKernel {
 // runs where every other kernel runs, on the stream's worker, and the body
 // may use the caller's locals, since the caller waits. What the body throws
 // is rethrown here, its type intact (an IndexError stays an IndexError).
+// `elements` sizes its thread count (kernel_threads.h); inside another body
+// it runs at once, with that body's.
 c10::Stream current_c10_stream(c10::DeviceIndex device);
 c10::Stream set_current_stream_here(const c10::Stream& stream);  // returns the one before
 
 template <class Body>
-auto run_on_stream(c10::DeviceIndex device, const char* name, Body&& body) -> decltype(body()) {
+auto run_on_stream(c10::DeviceIndex device, const char* name, int64_t elements, Body&& body)
+    -> decltype(body()) {
   using Result = decltype(body());
   if (device == running_kernel_device()) return body();
   // A reference result travels as a pointer, no result as a flag.
@@ -73,6 +76,7 @@ auto run_on_stream(c10::DeviceIndex device, const char* name, Body&& body) -> de
   // The body allocates later than the host queued it: blocks freed from now
   // on may have users queued behind it, and stay untouched (allocator.h).
   const uint64_t freed_before = blocks_freed_so_far();
+  set_kernel_elements(elements);
   launch_kernel(device, name, [&] {
     try {
       // The caller's stream is current here too: memory the body allocates
@@ -157,8 +161,8 @@ struct OnStream<name, kernel, R (*)(Args...)> {
   static R call(Args... args) {
     const c10::DeviceIndex device = first_acme_device(args...);
     if (device < 0) return kernel(std::forward<Args>(args)...);
-    if (device != running_kernel_device()) note_kernel_elements(largest_tensor(args...));
-    return run_on_stream(device, name.text, [&]() -> R { return kernel(std::forward<Args>(args)...); });
+    return run_on_stream(device, name.text, largest_tensor(args...),
+                         [&]() -> R { return kernel(std::forward<Args>(args)...); });
   }
 };
 
@@ -321,8 +325,8 @@ struct LaunchedOnStream<name, kernel, compute, R (*)(Args...)> {
     static auto* passed = new PassedShapes;
     const auto layouts = keyable ? passed->find(key) : std::nullopt;
     if (!layouts) {
-      if (device != running_kernel_device()) note_kernel_elements(largest_tensor(args...));
-      R results = run_on_stream(device, name.text, [&]() -> R { return kernel(args...); });
+      R results = run_on_stream(device, name.text, largest_tensor(args...),
+                                [&]() -> R { return kernel(args...); });
       std::vector<c10::ScalarType> argument_dtypes;
       auto note_dtype = [&](const auto& a) {
         if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) {
@@ -351,8 +355,7 @@ struct LaunchedOnStream<name, kernel, compute, R (*)(Args...)> {
       t = allocate_result((*layouts)[r++], device);
       written.push_back(view(t));
     });
-    forget_kernel_elements();  // sized by its arguments, as the first call was
-    note_kernel_elements(largest_tensor(args...));
+    set_kernel_elements(largest_tensor(args...));  // as the first call was
     launch_kernel(device, name.text,
                   [written = std::move(written),
                    kept = std::make_tuple(kept_for_launch(view, args)...)]() mutable {

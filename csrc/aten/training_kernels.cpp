@@ -367,8 +367,7 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         made.push_back(allocate_result(r, device.index()));
         written.push_back(view(made.back()));
       }
-      forget_kernel_elements();  // the results' views are not what sizes it
-      note_kernel_elements(largest_argument(originals));
+      set_kernel_elements(largest_argument(originals));  // as the first call was
       launch_kernel(device.index(), name, [op, name, held = std::move(held),
                                            written = std::move(written)] {
         torch::jit::Stack kernel_stack(held);
@@ -388,10 +387,8 @@ void on_stream_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       return;
     }
   }
-  // (Inside a body the call runs at once, under the body's threads.)
-  if (device.index() != running_kernel_device())
-    note_kernel_elements(largest_argument(originals));
-  run_on_stream(device.index(), name, [&] { on_device_kernel(op, stack, device); });
+  run_on_stream(device.index(), name, largest_argument(originals),
+                [&] { on_device_kernel(op, stack, device); });
   if (!key.empty()) {
     std::vector<ResultLayout> shapes;
     if (results == Results::shaped_by_arguments) {
