@@ -37,10 +37,12 @@
 #include "aten/generator.h"
 //> ch23 attention-on-stream-include
 #include <ATen/Parallel.h>
+#include <c10/util/accumulate.h>
 
 #include <deque>
 #include <vector>
 
+#include "aten/attention_rows.h"
 #include "aten/launch.h"
 #include "aten/philox_batch.h"
 #include "aten/run_on_stream.h"
@@ -241,14 +243,28 @@ std::pair<at::Tensor, at::Tensor> attention_arithmetic(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& bias, double dropout_p, bool is_causal, double scale,
     const Counters& counters) {
-  const at::Tensor s = scores(compute(query), compute(key), bias, is_causal, scale);
+  // A row at a time where attention_rows.cpp takes the inputs; it needs the
+  // same counter blocks and mask. (dropout_p 1 keeps the composite's NaNs.)
+  const at::Tensor q = compute(query), k = compute(key), v = compute(value);
+  const at::Tensor b = bias.defined() ? compute(bias) : bias;
+  if (dropout_p < 1 && attention_rows_apply(q, k, v, b)) {
+    at::Tensor keep;
+    if (dropout_p > 0) {
+      const std::vector<int64_t> sizes = scores_shape(q, k);
+      const PhiloxRange range = counters(static_cast<uint64_t>(c10::multiply_integers(sizes)));
+      keep = dropout_keep(query.device(), sizes, dropout_p, range.seed, range.first);
+    }
+    auto [out, logsumexp] = attention_rows_forward(q, k, v, b, keep, dropout_p, is_causal, scale);
+    return {out.to(query.scalar_type()), logsumexp};
+  }
+  const at::Tensor s = scores(q, k, bias, is_causal, scale);
   auto [p, logsumexp] = softmax_and_logsumexp(s);
   if (dropout_p > 0) {
     const PhiloxRange range = counters(static_cast<uint64_t>(p.numel()));
     p.mul_(dropout_keep(query.device(), p.sizes(), dropout_p, range.seed, range.first))
         .mul_(1.0 / (1.0 - dropout_p));  // p is this kernel's own
   }
-  return {at::matmul(p, compute(value)).to(query.scalar_type()), logsumexp};
+  return {at::matmul(p, v).to(query.scalar_type()), logsumexp};
 }
 
 at::Tensor philox_tensor(uint64_t bits) {
@@ -320,6 +336,36 @@ Forward attention(const at::Tensor& query, const at::Tensor& key, const at::Tens
 }
 
 using Backward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+//> ch23 attention-rows-backward
+
+// The backward a row at a time (attention_rows.cpp), where it takes the
+// inputs: q, k, v, d_out and the bias as compute() leaves them.
+std::optional<Backward> backward_by_rows(
+    const at::Tensor& d_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& bias, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& attn_bias, std::array<bool, 4> wanted,
+    const at::Tensor& logsumexp, double dropout_p, bool is_causal,
+    const at::Tensor& philox_seed, const at::Tensor& philox_offset, double factor) {
+  if (dropout_p >= 1 || d_out.scalar_type() != q.scalar_type() ||
+      !attention_rows_apply(q, k, v, bias))
+    return std::nullopt;
+  at::Tensor keep;
+  if (dropout_p > 0) {
+    keep = dropout_keep(query.device(), scores_shape(q, k), dropout_p,
+                        static_cast<uint64_t>(philox_seed.item<int64_t>()),
+                        static_cast<uint64_t>(philox_offset.item<int64_t>()));
+  }
+  const bool bias_wanted = wanted[3] && attn_bias.defined();
+  const AttentionRowGrads grads = attention_rows_backward(
+      d_out, q, k, v, bias, logsumexp, keep, dropout_p, is_causal, factor, bias_wanted);
+  const auto result = [](bool want, const at::Tensor& grad, const at::Tensor& like) {
+    if (!want) return at::Tensor();
+    return on_device_like(grad.sum_to_size(like.sizes()).to(like.scalar_type()), like);
+  };
+  return Backward{result(wanted[0], grads.q, query), result(wanted[1], grads.k, key),
+                  result(wanted[2], grads.v, value), result(bias_wanted, grads.scores, attn_bias)};
+}
+//< ch23 attention-rows-backward
 
 Backward attention_backward(const at::Tensor& grad_out, const at::Tensor& query,
                             const at::Tensor& key, const at::Tensor& value,
@@ -337,6 +383,14 @@ Backward attention_backward(const at::Tensor& grad_out, const at::Tensor& query,
   const at::Tensor q = compute(view(query)), k = compute(view(key)), v = compute(view(value));
   // A gradient of sum() comes expanded (stride 0), which BLAS cannot take.
   const at::Tensor d_out = compute(view(grad_out)).contiguous();
+//> ch23 attention-backward-rows
+  const at::Tensor bias = attn_bias.defined() ? compute(view(attn_bias)) : attn_bias;
+  if (auto grads = backward_by_rows(d_out, q, k, v, bias, query, key, value, attn_bias,
+                                    grad_input_mask, view(logsumexp), dropout_p, is_causal,
+                                    philox_seed, philox_offset, factor)) {
+    return *std::move(grads);
+  }
+//< ch23 attention-backward-rows
   at::Tensor s = scores(q, k, attn_bias.defined() ? view(attn_bias) : attn_bias,
                         is_causal, factor);
   const at::Tensor p = probabilities(s, view(logsumexp));
