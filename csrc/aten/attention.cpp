@@ -243,8 +243,9 @@ std::pair<at::Tensor, at::Tensor> attention_arithmetic(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& bias, double dropout_p, bool is_causal, double scale,
     const Counters& counters) {
-  // A row at a time where attention_rows.cpp takes the inputs; it needs the
-  // same counter blocks and mask. (dropout_p 1 keeps the composite's NaNs.)
+  // A row at a time where attention_rows.cpp takes the inputs, with the
+  // same counter blocks and mask. (dropout_p 1, every probability dropped,
+  // keeps the composite's arithmetic.)
   const at::Tensor q = compute(query), k = compute(key), v = compute(value);
   const at::Tensor b = bias.defined() ? compute(bias) : bias;
   if (dropout_p < 1 && attention_rows_apply(q, k, v, b)) {

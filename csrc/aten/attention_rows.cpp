@@ -21,7 +21,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef __x86_64__
 #include <immintrin.h>
 #endif
 
@@ -39,11 +39,12 @@ int64_t visible(const Shape& n, int64_t i, bool is_causal) {
   return is_causal ? std::min(i + 1, n.keys) : n.keys;
 }
 
-#if defined(__GNUC__) || defined(__clang__)
-#define ACME_ROWS_INLINE __attribute__((always_inline)) inline
-#else
-#define ACME_ROWS_INLINE inline
+#if !defined(__GNUC__)  // Clang defines it too
+#error "attention_rows.cpp needs GCC's or Clang's vector extension and attributes"
 #endif
+// The helpers below are inlined into each build of the kernels, so that
+// they are compiled for its instruction set.
+#define ACME_ROWS_INLINE __attribute__((always_inline)) inline
 
 // Rows are padded with zeros to whole blocks of kLanes numbers, and a block
 // is one value of GCC's and Clang's vector extension, Lanes<T>: its
@@ -424,7 +425,7 @@ ACME_ROWS_INLINE void backward_entries(const Rows<T>& a, int64_t begin, int64_t 
   }
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef __x86_64__
 #define ACME_ROWS_AVX2 1
 #define ACME_AVX2 __attribute__((target("avx2")))
 
