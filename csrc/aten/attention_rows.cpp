@@ -110,44 +110,25 @@ struct PortableMath {
 // independent, so the core does not wait on one running sum.
 constexpr int kGroup = 4;
 
-// s[r] = x[r]·columns for r < R (columns [width][stride]), over the blocks
-// that hold the first `seen`. Rows of x are x_stride apart, rows of s
-// s_stride apart.
+// y[r] = Σ_{t<inner} a[r][t]·b[t] for r < R, over the blocks of b's rows
+// that hold the first `columns` numbers: a row of scores (a = q, b = kᵀ) or
+// of outputs (a = probabilities, b = v). Rows of a, b and y are a_stride,
+// b_stride and y_stride numbers apart.
 template <int R, typename T>
-ACME_ROWS_INLINE void dots(const T* x, int64_t x_stride, int64_t width, const T* columns,
-                           int64_t stride, int64_t seen, T* s, int64_t s_stride) {
-  for (int64_t j0 = 0; j0 < seen; j0 += kLanes) {
+ACME_ROWS_INLINE void products(const T* a, int64_t a_stride, int64_t inner, const T* b,
+                               int64_t b_stride, int64_t columns, T* y, int64_t y_stride) {
+  for (int64_t c0 = 0; c0 < columns; c0 += kLanes) {
     Lanes<T> sum[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) sum[r] = Lanes<T>{};
-    for (int64_t d = 0; d < width; ++d) {
-      Lanes<T> column;
-      load(column, columns + d * stride + j0);
+    for (int64_t t = 0; t < inner; ++t) {
+      Lanes<T> block;
+      load(block, b + t * b_stride + c0);
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) sum[r] += x[r * x_stride + d] * column;
+      for (int r = 0; r < R; ++r) sum[r] += a[r * a_stride + t] * block;
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) store(s + r * s_stride + j0, sum[r]);
-  }
-}
-
-// y[r] = Σ_{j<seen} w[r][j]·rows[j] for r < R: rows, and y's rows, are
-// `stride` (padded) numbers apart; w's rows w_stride apart.
-template <int R, typename T>
-ACME_ROWS_INLINE void weighted_sums(const T* w, int64_t w_stride, int64_t seen, const T* rows,
-                                    int64_t stride, T* y) {
-  for (int64_t d0 = 0; d0 < stride; d0 += kLanes) {
-    Lanes<T> sum[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) sum[r] = Lanes<T>{};
-    for (int64_t j = 0; j < seen; ++j) {
-      Lanes<T> row;
-      load(row, rows + j * stride + d0);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) sum[r] += w[r * w_stride + j] * row;
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) store(y + r * stride + d0, sum[r]);
+    for (int r = 0; r < R; ++r) store(y + r * y_stride + c0, sum[r]);
   }
 }
 
@@ -262,8 +243,8 @@ template <int R, typename T>
 ACME_ROWS_INLINE int64_t group_scores(const Rows<T>& a, Entry<T>& e, int64_t row, int64_t i) {
   const Shape& n = a.n;
   const int64_t group_seen = visible(n, i + R - 1, a.is_causal);
-  dots<R>(a.q + row * n.features, n.features, n.features, e.k_columns.data(), e.stride,
-          group_seen, e.scores.data(), e.stride);
+  products<R>(a.q + row * n.features, n.features, n.features, e.k_columns.data(), e.stride,
+              group_seen, e.scores.data(), e.stride);
   for (int r = 0; r < R; ++r) {
     const int64_t seen = visible(n, i + r, a.is_causal);
     T* s = e.scores.data() + r * e.stride;
@@ -296,8 +277,8 @@ ACME_ROWS_INLINE void forward_group(const Rows<T>& a, Entry<T>& e, int64_t row, 
     scale_blocks(p, seen, T(1) / sum);
     if (a.keep) apply_mask(p, a.keep + (row + r) * n.keys, seen, a.kept_scale);
   }
-  weighted_sums<R>(e.scores.data(), e.stride, group_seen, e.v_rows.data(), e.value_width,
-                   e.out_rows.data());
+  products<R>(e.scores.data(), e.stride, group_seen, e.v_rows.data(), e.value_width,
+              e.value_width, e.out_rows.data(), e.value_width);
   for (int r = 0; r < R; ++r) {
     const T* o = e.out_rows.data() + r * e.value_width;
     std::copy(o, o + n.values, a.out + (row + r) * n.values);
@@ -342,8 +323,8 @@ ACME_ROWS_INLINE void backward_group(const Rows<T>& a, BackwardEntry<T>& e, int6
   const Shape& n = a.n;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const int64_t group_seen = group_scores<R>(a, e, row, i);
-  dots<R>(a.d_out + row * n.values, n.values, n.values, e.v_columns.data(), e.stride,
-          group_seen, e.d_p.data(), e.stride);
+  products<R>(a.d_out + row * n.values, n.values, n.values, e.v_columns.data(), e.stride,
+              group_seen, e.d_p.data(), e.stride);
   for (int r = 0; r < R; ++r) {
     const int64_t seen = visible(n, i + r, a.is_causal);
     T* p = e.scores.data() + r * e.stride;
@@ -381,8 +362,8 @@ ACME_ROWS_INLINE void backward_group(const Rows<T>& a, BackwardEntry<T>& e, int6
     std::fill(d_s + seen, d_s + padded(group_seen), T(0));
     if (a.d_scores) std::copy(d_s, d_s + seen, a.d_scores + (row + r) * n.keys);
   }
-  weighted_sums<R>(e.d_s.data(), e.stride, group_seen, e.k_rows.data(), e.width,
-                   e.dq_rows.data());
+  products<R>(e.d_s.data(), e.stride, group_seen, e.k_rows.data(), e.width, e.width,
+              e.dq_rows.data(), e.width);
   scale_blocks(e.dq_rows.data(), R * e.width, a.scale);
   for (int r = 0; r < R; ++r) {
     const T* dq = e.dq_rows.data() + r * e.width;
