@@ -411,7 +411,7 @@ ACME_ROWS_INLINE void backward_entries(const Rows<T>& a, int64_t begin, int64_t 
 #define ACME_AVX2 __attribute__((target("avx2")))
 
 // e^x for eight floats at once: 2^n · e^r with n = round(x / ln 2) and
-// |r| ≤ ln(2)/2, e^r by its Taylor series to r⁷/7!, within an ulp or two of
+// |r| ≤ ln(2)/2, e^r by its Taylor series to r⁷/7!, within a few ulp of
 // std::exp. Below e^-87 (the smallest normal float is e^-87.3) it gives 0,
 // which softmax's masked keys (-inf) need; NaN stays NaN.
 struct Avx2Math {
@@ -488,6 +488,19 @@ const T* data_or_null(const at::Tensor& t) {
   return t.defined() ? t.const_data_ptr<T>() : nullptr;
 }
 
+// What forward and backward both hand the row kernels.
+template <typename T>
+Rows<T> inputs_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& bias, const at::Tensor& keep, const Shape& n,
+                  double dropout_p, bool is_causal, double scale) {
+  Rows<T> rows{};
+  rows.q = q.const_data_ptr<T>(), rows.k = k.const_data_ptr<T>();
+  rows.v = v.const_data_ptr<T>(), rows.bias = data_or_null<T>(bias);
+  rows.keep = data_or_null<bool>(keep), rows.n = n, rows.is_causal = is_causal;
+  rows.scale = T(scale), rows.kept_scale = T(dropout_p > 0 ? 1.0 / (1.0 - dropout_p) : 1.0);
+  return rows;
+}
+
 }  // namespace
 
 std::vector<int64_t> scores_shape(const at::Tensor& q, const at::Tensor& k) {
@@ -524,11 +537,7 @@ std::pair<at::Tensor, at::Tensor> attention_rows_forward(
   at::Tensor lse = at::empty(at::IntArrayRef(sizes).slice(0, sizes.size() - 1), q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention rows", [&] {
     using T = scalar_t;
-    Rows<T> rows{};
-    rows.q = q.const_data_ptr<T>(), rows.k = k.const_data_ptr<T>();
-    rows.v = v.const_data_ptr<T>(), rows.bias = data_or_null<T>(b);
-    rows.keep = data_or_null<bool>(kept), rows.n = n, rows.is_causal = is_causal;
-    rows.scale = T(scale), rows.kept_scale = T(dropout_p > 0 ? 1.0 / (1.0 - dropout_p) : 1.0);
+    Rows<T> rows = inputs_of<T>(q, k, v, b, kept, n, dropout_p, is_causal, scale);
     rows.out = out.mutable_data_ptr<T>(), rows.lse = lse.mutable_data_ptr<T>();
     run_rows(rows, /*backward=*/false);
   });
@@ -549,12 +558,8 @@ AttentionRowGrads attention_rows_backward(
                           want_scores ? at::zeros(sizes, q.options()) : at::Tensor()};
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "attention rows backward", [&] {
     using T = scalar_t;
-    Rows<T> rows{};
-    rows.q = q.const_data_ptr<T>(), rows.k = k.const_data_ptr<T>();
-    rows.v = v.const_data_ptr<T>(), rows.bias = data_or_null<T>(b);
+    Rows<T> rows = inputs_of<T>(q, k, v, b, kept, n, dropout_p, is_causal, scale);
     rows.d_out = d_out.const_data_ptr<T>(), rows.lse_in = lse.const_data_ptr<T>();
-    rows.keep = data_or_null<bool>(kept), rows.n = n, rows.is_causal = is_causal;
-    rows.scale = T(scale), rows.kept_scale = T(dropout_p > 0 ? 1.0 / (1.0 - dropout_p) : 1.0);
     rows.dq = grads.q.mutable_data_ptr<T>(), rows.dk = grads.k.mutable_data_ptr<T>();
     rows.dv = grads.v.mutable_data_ptr<T>();
     rows.d_scores = want_scores ? grads.scores.mutable_data_ptr<T>() : nullptr;
