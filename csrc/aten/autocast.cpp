@@ -19,38 +19,32 @@ using at::autocast::CastPolicy;
 constexpr auto kAcme = c10::DeviceType::PrivateUse1;
 
 //> ch04 policies
-// The single list of acme's autocast policies. The registrations and the table
-// Python reads (autocast_rules) both expand it, so they cannot disagree.
-// OP(name, policy) is the op's default overload; OVERLOAD names another one.
-#define ACME_AUTOCAST_POLICIES(OP, OVERLOAD)                     \
-  /* Matmul-like: the work the low-precision units are for. */   \
-  OP(mm, lower_precision_fp)                                     \
-  OP(bmm, lower_precision_fp)                                    \
-  OP(addmm, lower_precision_fp)                                  \
-  OP(baddbmm, lower_precision_fp)                                \
-  OP(matmul, lower_precision_fp)                                 \
-  OP(linear, lower_precision_fp)                                 \
-  /* Range or precision sensitive: computed in float32. */       \
-  OP(exp, fp32)                                                  \
-  OP(log, fp32)                                                  \
-  OP(rsqrt, fp32)                                                \
-  OVERLOAD(pow, Tensor_Scalar, fp32)                             \
-  OP(layer_norm, fp32)                                           \
-  OP(mse_loss, fp32)                                             \
-  OP(binary_cross_entropy_with_logits, fp32)                     \
-  /* Reductions with a dtype= argument: autocast fills it in. */ \
-  OVERLOAD(softmax, int, fp32_set_opt_dtype)                     \
-  OVERLOAD(log_softmax, int, fp32_set_opt_dtype)                 \
-  OP(sum, fp32_set_opt_dtype)                                    \
-  OVERLOAD(sum, dim_IntList, fp32_set_opt_dtype)                 \
-  OP(cumsum, fp32_set_opt_dtype)                                 \
-  /* Several inputs of possibly different types: the widest. */  \
-  OP(cat, promote)                                               \
-  OP(stack, promote)                                             \
-  OP(addcmul, promote)                                           \
-  OP(addcdiv, promote)                                           \
-  OP(dot, promote)
+// acme's policies are CUDA's: the op lists PyTorch's own CUDA registration
+// expands (AT_FORALL_* in ATen/autocast_mode.h), so each release's list is the
+// one acme registers, a loss in float32 included. One entry is (op) or
+// (op, overload); ACME_FORALL_POLICIES(X) calls X(policy, entry...) for each,
+// and the registrations and the table Python reads both expand it.
+#define ACME_LOWER_PRECISION_FP(...) X(lower_precision_fp, __VA_ARGS__)
+#define ACME_FP32(...) X(fp32, __VA_ARGS__)
+#define ACME_FP32_SET_OPT_DTYPE(...) X(fp32_set_opt_dtype, __VA_ARGS__)
+#define ACME_PROMOTE(...) X(promote, __VA_ARGS__)
+#define ACME_FORALL_POLICIES                            \
+  AT_FORALL_LOWER_PRECISION_FP(ACME_LOWER_PRECISION_FP) \
+  AT_FORALL_FP32(ACME_FP32)                             \
+  AT_FORALL_FP32_SET_OPT_DTYPE(ACME_FP32_SET_OPT_DTYPE) \
+  AT_FORALL_PROMOTE(ACME_PROMOTE)
+// norm's overloads without a dtype= redispatch to the overload with one
+// (policy fp32_append_dtype): AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE gives
+// (function, "name.overload", registered type, redispatched type, policy).
 //< ch04 policies
+
+// An entry's parts: "aten::op" or "aten::op.overload", and ATEN_FN(op) or
+// ATEN_FN2(op, overload), the op's C++ entry point.
+#define ACME_PICK(_1, _2, NAME, ...) NAME
+#define ACME_NAME1(op) "aten::" #op
+#define ACME_NAME2(op, overload) "aten::" #op "." #overload
+#define ACME_NAME(...) ACME_PICK(__VA_ARGS__, ACME_NAME2, ACME_NAME1)(__VA_ARGS__)
+#define ACME_FN(...) ACME_PICK(__VA_ARGS__, ATEN_FN2, ATEN_FN)(__VA_ARGS__)
 
 //> ch04 dtypes
 constexpr c10::ScalarType kAutocastDtypes[] = {c10::ScalarType::Half,
@@ -75,14 +69,15 @@ void check_autocast_dtype() {
 //> ch04 kernel
 // One kernel per (op, policy): check the autocast dtype, then run upstream's
 // policy wrapper, which excludes AutocastPrivateUse1, casts the arguments and
-// calls the op again from the top of the dispatcher.
-template <CastPolicy policy, class Signature, Signature* F>
+// calls F, the op again from the top of the dispatcher. F's type is the one
+// registered, except where the policy appends an argument (fp32_append_dtype).
+template <CastPolicy policy, class Registered, class Redispatched, Redispatched* F>
 struct AutocastKernel;
 
-template <CastPolicy policy, class Ret, class... Args, Ret (*F)(Args...)>
-struct AutocastKernel<policy, Ret(Args...), F> {
+template <CastPolicy policy, class Ret, class... Args, class Redispatched, Redispatched* F>
+struct AutocastKernel<policy, Ret(Args...), Redispatched, F> {
   using Wrapped =
-      typename at::autocast::WrapFunction<policy, kAcme, Ret(Args...), Ret(Args...), F>::type;
+      typename at::autocast::WrapFunction<policy, kAcme, Ret(Args...), Redispatched, F>::type;
 
   static Ret call(Args... args) {
     check_autocast_dtype();
@@ -91,13 +86,29 @@ struct AutocastKernel<policy, Ret(Args...), F> {
 };
 //< ch04 kernel
 
+//> ch04 banned
+// binary_cross_entropy has no safe policy: after a sigmoid in float16 its log
+// saturates. CUDA's autocast refuses it, with this advice; so does acme's.
+at::Tensor binary_cross_entropy_banned(const at::Tensor&, const at::Tensor&,
+                                       const std::optional<at::Tensor>&, int64_t) {
+  TORCH_CHECK(false,
+              "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to "
+              "autocast (", kAcme, " autocast refuses them, as CUDA's does). Combine the sigmoid "
+              "and the loss with torch.nn.functional.binary_cross_entropy_with_logits or "
+              "torch.nn.BCEWithLogitsLoss, which are safe; or run the loss outside the autocast "
+              "block on float32 inputs.");
+}
+//< ch04 banned
+
 //> ch04 rules
-#define ACME_RULE(op, policy) AutocastRule{"aten::" #op, #policy},
-#define ACME_RULE_OVERLOAD(op, overload, policy) \
-  AutocastRule{"aten::" #op "." #overload, #policy},
-constexpr AutocastRule kRules[] = {ACME_AUTOCAST_POLICIES(ACME_RULE, ACME_RULE_OVERLOAD)};
-#undef ACME_RULE
-#undef ACME_RULE_OVERLOAD
+#define X(policy, ...) AutocastRule{ACME_NAME(__VA_ARGS__), #policy},
+#define ACME_APPEND_DTYPE_RULE(fn, name, registered, redispatched, policy) \
+  AutocastRule{"aten::" name, #policy},
+constexpr AutocastRule kRules[] = {
+    ACME_FORALL_POLICIES AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(ACME_APPEND_DTYPE_RULE)
+        AutocastRule{"aten::binary_cross_entropy", "banned"}};
+#undef X
+#undef ACME_APPEND_DTYPE_RULE
 //< ch04 rules
 
 }  // namespace
@@ -106,25 +117,30 @@ std::span<const AutocastRule> autocast_rules() { return kRules; }
 
 std::span<const c10::ScalarType> autocast_dtypes() { return kAutocastDtypes; }
 
-}  // namespace acme
-
 //> ch04 register
-// ATEN_FN(op) is the op's C++ entry point (at::_ops::op::call); its type is the
-// signature the dispatcher checks the registration against.
-#define ACME_REGISTER(op, policy)                                              \
-  m.impl("aten::" #op,                                                         \
-         &acme::AutocastKernel<at::autocast::CastPolicy::policy,               \
-                               decltype(ATEN_FN(op)), &ATEN_FN(op)>::call);
-#define ACME_REGISTER_OVERLOAD(op, overload, policy)                           \
-  m.impl("aten::" #op "." #overload,                                           \
-         &acme::AutocastKernel<at::autocast::CastPolicy::policy,               \
-                               decltype(ATEN_FN2(op, overload)),               \
-                               &ATEN_FN2(op, overload)>::call);
+// The append-dtype list names its types as ATen's own sources do.
+using at::IntArrayRef;
+using at::Scalar;
+using at::Tensor;
+using c10::ScalarType;
+
+#define X(policy, ...)                                                      \
+  m.impl(ACME_NAME(__VA_ARGS__),                                           \
+         &AutocastKernel<CastPolicy::policy, decltype(ACME_FN(__VA_ARGS__)), \
+                         decltype(ACME_FN(__VA_ARGS__)), &ACME_FN(__VA_ARGS__)>::call);
+#define ACME_REGISTER_APPEND_DTYPE(fn, name, registered, redispatched, policy) \
+  m.impl("aten::" name,                                                        \
+         &AutocastKernel<CastPolicy::policy, registered, redispatched, &fn>::call);
 
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
-  ACME_AUTOCAST_POLICIES(ACME_REGISTER, ACME_REGISTER_OVERLOAD)
+  ACME_FORALL_POLICIES
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(ACME_REGISTER_APPEND_DTYPE)
+  m.impl("aten::binary_cross_entropy", &binary_cross_entropy_banned);
 }
+#undef X
 //< ch04 register
+
+}  // namespace acme
 
 //> ch04 fallthrough
 // Every other op: nothing to cast, so skip the key and go on to the next one
