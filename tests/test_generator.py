@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
+import warnings
 
 import pytest
 import torch
@@ -175,6 +177,84 @@ def test_parameters_are_honoured():
     assert halves.dtype == torch.bfloat16 and 0 <= halves.min() and halves.max() < 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_low_precision_uniform_has_the_cpus_grid(dtype):
+    # Sampled in float and rounded once, as the CPU does: thousands of
+    # distinct values below 1, and exact zeros only where a sample rounds up
+    # to 1 (then it becomes 0): one in 2^9 for bfloat16, 2^12 for float16.
+    # Drawing only the dtype's own 8 or 11 bits gives 256 or 2048 values and
+    # twice the zeros.
+    n = 2**20
+    torch.manual_seed(11)
+    on_cpu = torch.rand(n, dtype=dtype)
+    on_acme = torch.rand(n, dtype=dtype, device=DEVICE).cpu()
+    rate = torch.finfo(dtype).eps / 4  # the share that rounds up to 1
+    for sample in (on_cpu, on_acme):
+        zeros = (sample == 0).sum().item()
+        assert abs(zeros - n * rate) < 5 * math.sqrt(n * rate), (zeros, n * rate)
+        assert 0 <= sample.min() and sample.max() < 1
+    distinct_cpu, distinct_acme = on_cpu.unique().numel(), on_acme.unique().numel()
+    assert abs(distinct_acme - distinct_cpu) < 0.05 * distinct_cpu, (distinct_acme, distinct_cpu)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64], ids=str)
+def test_unsigned_integers_draw_in_range(dtype):
+    g = torch.Generator(device=DEVICE).manual_seed(9)
+    drawn = torch.randint(3, 1000, (20_000,), dtype=dtype, device=DEVICE, generator=g).cpu()
+    assert drawn.dtype == dtype
+    as_int = drawn.to(torch.int64)
+    assert as_int.min() == 3 and as_int.max() == 999
+    g.manual_seed(9)
+    again = torch.randint(3, 1000, (20_000,), dtype=dtype, device=DEVICE, generator=g).cpu()
+    assert torch.equal(drawn, again)
+
+
+def _bounds_cases():
+    def empty(dtype):
+        return lambda device: torch.empty(3, dtype=dtype, device=device)
+    u8, i32, i64 = empty(torch.uint8), empty(torch.int32), empty(torch.int64)
+    f16, bf16, f32 = empty(torch.float16), empty(torch.bfloat16), empty(torch.float32)
+    u32, u64 = empty(torch.uint32), empty(torch.uint64)
+    return {
+        "uint8 to 300": lambda d: u8(d).random_(0, 300),
+        "uint8 from -1": lambda d: u8(d).random_(-1, 5),
+        "int32 to 2^40": lambda d: i32(d).random_(0, 2**40),
+        "float16 to 70000": lambda d: f16(d).random_(0, 70000),
+        "float16 to 65504": lambda d: f16(d).random_(0, 65504),
+        "float16 to 4096": lambda d: f16(d).random_(0, 4096),
+        "bfloat16 from 5": lambda d: bf16(d).random_(5, None),
+        "uint64 from 0": lambda d: u64(d).random_(0, None),
+        "uint32 from 7": lambda d: u32(d).random_(7, None),
+        "uint32 plain": lambda d: u32(d).random_(),
+        "uint32 to 7": lambda d: u32(d).random_(7),
+        "int32 every int64": lambda d: i32(d).random_(-2**63, None),
+        "int64 every int64": lambda d: i64(d).random_(-2**63, None),
+        "float32 to inf": lambda d: f32(d).uniform_(0, float("inf")),
+        "float32 from -1e39": lambda d: f32(d).uniform_(-1e39, 1),
+        "float16 span": lambda d: f16(d).uniform_(-6e4, 6e4),
+        "float16 half span": lambda d: f16(d).uniform_(-3e4, 3e4),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bounds_cases()))
+def test_random_bounds_are_the_cpus(case):
+    # What the CPU accepts, acme accepts; what it refuses, acme refuses with
+    # the same message (a kernel's name in quotes aside), except where the
+    # CPU's names its kernel and acme says what the call asked for.
+    own_words = {"int32 every int64"}
+
+    def outcome(device):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the CPU's out-of-range float16 warning
+                _bounds_cases()[case](device)
+        except (RuntimeError, NotImplementedError) as error:
+            message = re.sub(r'"\w+"', '"kernel"', str(error).splitlines()[0])
+            return type(error).__name__, "" if case in own_words else message
+        return "ok", ""
+    assert outcome(DEVICE) == outcome("cpu")
+
+
 # ---- per-device generators ----
 
 def test_each_device_has_its_own_default_generator():
@@ -211,7 +291,7 @@ def _bad_inputs():
         "random_ range": (lambda: t().random_(5, 5),
                           "'from' to be less than 'to', but got from=5 >= to=5"),
         "uint8 bounds": (lambda: torch.empty(3, dtype=torch.uint8, device=DEVICE).random_(0, 300),
-                         "[0, 299] is out of bounds for Byte"),
+                         "to - 1 is out of bounds for unsigned char"),
         "bernoulli p": (lambda: t().bernoulli_(1.5),
                         "bernoulli_ expects p to be in [0, 1], but got p=1.5"),
         "bernoulli p tensor": (lambda: t().bernoulli_(torch.tensor([0.1, 2.0, 0.3])),

@@ -453,6 +453,27 @@ def test_no_composite_runs_where_the_cpu_has_a_kernel():
     assert composites_where_the_cpu_has_a_kernel("CompositeExplicitAutograd") == []
 
 
+@pytest.mark.parametrize("loss", [F.mse_loss, F.smooth_l1_loss, F.l1_loss, F.huber_loss,
+                                  F.binary_cross_entropy_with_logits, F.soft_margin_loss],
+                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_losses_warn_only_where_the_cpu_warns(loss, reduction):
+    # mse_loss and smooth_l1_loss's generic kernels called their .out form with
+    # a 0-dim result, which the CPU's kernel resized with a deprecation warning.
+    torch.manual_seed(17)
+    x, y = torch.randn(3, 4), torch.rand(3, 4)
+
+    def resize_warnings(device):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = loss(x.to(device), y.to(device), reduction=reduction).cpu()
+        return result, [str(w.message) for w in caught if "resized" in str(w.message)]
+
+    (on_acme, acme_warned), (on_cpu, cpu_warned) = resize_warnings(DEVICE), resize_warnings("cpu")
+    assert acme_warned == cpu_warned == []
+    assert torch.equal(on_acme, on_cpu)
+
+
 def test_layer_norm_over_one_element_matches_cpu():
     # Found by comparing OpInfo samples: the composite decomposition left a
     # rounding residue that rstd (~316) magnified.

@@ -205,10 +205,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // // kernel (native_layer_norm over one element: 1e-4 apart in float32). Through
 // // the fallback acme runs the CPU's kernel and matches it bit for bit.
 // // tests/test_routed_ops.py repeats the scan, so a new such op fails a test.
+// //
+// // mse_loss and smooth_l1_loss are structured: their generic kernel makes a
+// // 0-dim result and calls the .out form, whose CPU kernel resizes it and
+// // warns that it did, a warning the CPU's own call never gives.
 // TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 //   for (const char* name :
 //        {"native_layer_norm", "native_group_norm", "addr", "addr.out", "_stack", "_stack.out",
-//         "all.dims", "all.dims_out", "any.dims", "any.dims_out", "linalg__powsum"}) {
+//         "all.dims", "all.dims_out", "any.dims", "any.dims_out", "linalg__powsum", "mse_loss",
+//         "smooth_l1_loss"}) {
 //     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&acme::cpu_fallback>());
 //   }
 // }
@@ -216,11 +221,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 //> ch23 register-cpu-kernels
 // Chapter 13's list, less native_layer_norm: chapter 23 gives it a kernel that
 // runs on device memory (training_kernels.cpp). The rest keep the CPU's kernel
-// through the fallback, for the reason chapter 13 gives.
+// through the fallback, for the reasons chapter 13 gives.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name :
        {"native_group_norm", "addr", "addr.out", "_stack", "_stack.out", "all.dims",
-        "all.dims_out", "any.dims", "any.dims_out", "linalg__powsum"}) {
+        "all.dims_out", "any.dims", "any.dims_out", "linalg__powsum", "mse_loss",
+        "smooth_l1_loss"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&acme::cpu_fallback>());
   }
 }

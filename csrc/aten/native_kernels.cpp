@@ -471,6 +471,26 @@ at::TensorIterator on_cpu(Builder rebuild, std::array<at::Tensor, 3>& operands) 
       .build();
 }
 
+// The computation dtype is the launch's, decided by the op's meta on the
+// host. Where inputs are integers it can come from the default dtype
+// (int / int, int * 0.1), a global the host may have changed by the time the
+// worker rebuilds the iterator. Then the integer inputs go in as the launch's
+// dtype already, and the iterator has nothing left to read from the default.
+at::TensorIterator on_cpu_as_launched(Builder rebuild, std::array<at::Tensor, 3>& operands,
+                                      std::optional<at::ScalarType> launched) {
+  at::TensorIterator it = on_cpu(rebuild, operands);
+  if (!rebuild || !launched || it.maybe_common_dtype() == launched) return it;
+  for (size_t i = 1; i < operands.size(); ++i) {
+    if (operands[i].defined() && at::isIntegralType(operands[i].scalar_type(), true))
+      operands[i] = operands[i].to(*launched);
+  }
+  it = on_cpu(rebuild, operands);
+  TORCH_INTERNAL_ASSERT(it.maybe_common_dtype() == launched, kAcme, ": a kernel computed in ",
+                        it.maybe_common_dtype().value_or(at::ScalarType::Undefined), ", launched in ",
+                        *launched);
+  return it;
+}
+
 template <class Kernel>
 void launch(const char* name, at::TensorIteratorBase& iter, Builder rebuild,
             const Kernel& cpu_kernel) {
@@ -481,6 +501,7 @@ void launch(const char* name, at::TensorIteratorBase& iter, Builder rebuild,
   std::array<std::optional<c10::Scalar>, 3> scalars;  // CPU scalars' values
   std::array<at::ScalarType, 3> dtypes{};
   std::array<bool, 3> wrapped{};
+  const std::optional<at::ScalarType> launched = iter.maybe_common_dtype();
   c10::SmallVector<int64_t, 6> key;
   for (int i = 0; i < n; ++i) {
     const at::TensorBase& t = iter.tensor_base(i);
@@ -507,11 +528,11 @@ void launch(const char* name, at::TensorIteratorBase& iter, Builder rebuild,
   // support is refused as the CPU refuses it; then there is nothing to run.
   if (iter.numel() == 0) return;
   launch_kernel(iter.device(0).index(), name,
-                [views, scalars, dtypes, wrapped, n, rebuild, cpu_kernel]() mutable {
+                [views, scalars, dtypes, wrapped, n, rebuild, launched, cpu_kernel]() mutable {
     for (int i = 0; i < n; ++i) {
       if (scalars[i]) views[i] = cpu_scalar(*scalars[i], dtypes[i], wrapped[i]);
     }
-    at::TensorIterator it = on_cpu(rebuild, views);
+    at::TensorIterator it = on_cpu_as_launched(rebuild, views, launched);
     cpu_kernel(it);
   });
 }

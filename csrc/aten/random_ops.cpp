@@ -10,6 +10,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/CPUFallback.h>
+#include <ATen/native/DistributionTemplates.h>
+#include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
 //> ch14 complex-include
 #include <ATen/ops/view_as_real.h>
@@ -114,12 +116,11 @@ double uniform53(const PhiloxBlock& b, int first = 0) {
   return static_cast<double>(bits64(b, first) >> 11) * 0x1p-53;  // exact, as ldexp
 }
 
-// k / 2^digits, as many bits as scalar_t's mantissa holds: exactly
-// representable in scalar_t, so torch.rand never rounds up to 1.
-template <typename scalar_t>
-double unit(const PhiloxBlock& b) {
-  constexpr int digits = std::numeric_limits<scalar_t>::digits;
-  return static_cast<double>(bits64(b) >> (64 - digits)) * (1.0 / (uint64_t{1} << digits));
+// k / 2^digits, as many random bits as T's mantissa holds: exact in T.
+template <typename T>
+T unit(const PhiloxBlock& b) {
+  constexpr int digits = std::numeric_limits<T>::digits;
+  return static_cast<T>(bits64(b) >> (64 - digits)) * (T{1} / static_cast<T>(uint64_t{1} << digits));
 }
 
 // Box-Muller: two uniforms make one standard normal (its sine twin is dropped
@@ -129,26 +130,29 @@ double standard_normal(const PhiloxBlock& b) {
   const double u2 = uniform53(b, 2);
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * c10::pi<double> * u2);
 }
-
-// The largest scalar_t below v, when rounding lands a sample on `to`.
-template <typename scalar_t>
-scalar_t next_below(scalar_t v) {
-  if constexpr (std::is_floating_point_v<scalar_t>) {
-    return std::nextafter(v, -std::numeric_limits<scalar_t>::infinity());
-  } else {  // Half and BFloat16: 16-bit sign-magnitude patterns
-    const bool negative = (v.x & 0x8000) != 0;
-    v.x = v.x == 0 ? 0x8001 : negative ? v.x + 1 : v.x - 1;
-    return v;
-  }
-}
 //< ch05 bits
 
 //> ch05 uniform-normal
-at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at::Generator> gen) {
+// The CPU's bounds: from and to within the dtype, a range it can hold.
+template <typename scalar_t>
+void check_uniform_bounds(const at::Tensor& self, double from, double to) {
+  const auto lowest = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
+  const auto highest = static_cast<double>(std::numeric_limits<scalar_t>::max());
+  TORCH_CHECK(from >= lowest && from <= highest, "from is out of bounds for ", self.dtype());
+  TORCH_CHECK(to >= lowest && to <= highest, "to is out of bounds for ", self.dtype());
   TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=",
               from, " > to=", to);
-  TORCH_CHECK(std::isfinite(to - from), "uniform_ expects a finite range, but found from=",
-              from, " and to=", to);
+  TORCH_CHECK(to - from <= highest, "uniform_ expects to-from <= std::numeric_limits<",
+              self.scalar_type(), ">::max(), but found to=", to, " and from=", from,
+              " which result in to-from to exceed the limit");
+}
+
+// Made as the CPU makes it: the sample is computed in the op's arithmetic
+// type (float for float16 and bfloat16, with 24 random bits; double with 53)
+// and rounded once to the tensor's dtype, so float16 and bfloat16 get the
+// CPU's fine grid near 0, not 2^11 or 2^8 evenly spaced values. A sample that
+// rounds up to `to` becomes `from`, the CPU's rule.
+at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at::Generator> gen) {
   //> ch14 complex-uniform
   if (self.is_complex()) {  // as on the CPU: real and imaginary parts, each uniform
     at::Tensor parts = at::view_as_real(self);
@@ -157,9 +161,13 @@ at::Tensor& uniform_(at::Tensor& self, double from, double to, std::optional<at:
   }
   //< ch14 complex-uniform
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_", [&] {
-    launch<scalar_t>(self, gen, [from, to](int64_t, const PhiloxBlock& b) {
-      const auto v = static_cast<scalar_t>(from + (to - from) * unit<scalar_t>(b));
-      return from < to && static_cast<double>(v) >= to ? next_below(v) : v;  // [from, to)
+    check_uniform_bounds<scalar_t>(self, from, to);
+    using opmath_t = at::opmath_type<scalar_t>;
+    const auto lo = static_cast<opmath_t>(from), hi = static_cast<opmath_t>(to);
+    const auto lo_here = static_cast<scalar_t>(from), hi_here = static_cast<scalar_t>(to);
+    launch<scalar_t>(self, gen, [lo, hi, lo_here, hi_here](int64_t, const PhiloxBlock& b) {
+      const auto v = static_cast<scalar_t>(unit<opmath_t>(b) * (hi - lo) + lo);
+      return v == hi_here ? lo_here : v;
     });
   });
   return self;
@@ -184,51 +192,87 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, std::optional<at:
 //< ch05 uniform-normal
 
 //> ch05 random-ints
-// The integers a dtype holds exactly: floats hold every integer up to
-// 2^digits, integral types their whole range.
-std::pair<int64_t, int64_t> exact_integers(at::ScalarType type) {
-  if (type == at::kBool) return {0, 1};
-  std::pair<int64_t, int64_t> range;
-  AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, type, "random_", [&] {
-    if constexpr (std::numeric_limits<scalar_t>::is_integer) {
-      range = {std::numeric_limits<scalar_t>::lowest(), std::numeric_limits<scalar_t>::max()};
-    } else {
-      constexpr int64_t limit = int64_t{1} << std::numeric_limits<scalar_t>::digits;
-      range = {-limit, limit};
-    }
-  });
-  return range;
-}
+// random_'s three overloads, with the CPU's bounds. ATen ships them in
+// ATen/native/DistributionTemplates.h: update_from/update_to move a float
+// dtype's bounds to values that round inside [from, to), and
+// check_from_to_in_range names a bound the dtype cannot hold.
+namespace templates = at::native::templates;
 
-// Integers uniform in [from, last]. A 64-bit draw modulo the span: its bias is
-// below span / 2^64, far below what any test of a tensor could see.
-at::Tensor& random_between(at::Tensor& self, int64_t from, int64_t last,
-                           const std::optional<at::Generator>& gen) {
-  const auto [lowest, highest] = exact_integers(self.scalar_type());
-  TORCH_CHECK(from >= lowest && last <= highest, "random_: [", from, ", ", last,
-              "] is out of bounds for ", self.scalar_type(), ", which holds the integers [",
-              lowest, ", ", highest, "] exactly");
-  const uint64_t span = static_cast<uint64_t>(last) - static_cast<uint64_t>(from) + 1;  // 0: 2^64
-  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, self.scalar_type(), "random_", [&] {
-    launch<scalar_t>(self, gen, [from, span](int64_t, const PhiloxBlock& b) {
-      const uint64_t k = span == 0 ? bits64(b) : bits64(b) % span;
-      return static_cast<scalar_t>(static_cast<int64_t>(static_cast<uint64_t>(from) + k));
+// base + k, k uniform in [0, range) (range 0: every 64-bit value), as scalar_t.
+at::Tensor& random_range(at::Tensor& self, uint64_t range, int64_t base,
+                         const std::optional<at::Generator>& gen) {
+  AT_DISPATCH_V2(self.scalar_type(), "random_", AT_WRAP([&] {
+    launch<scalar_t>(self, gen, [range, base](int64_t, const PhiloxBlock& b) {
+      const uint64_t k = range == 0 ? bits64(b) : bits64(b) % range;
+      return static_cast<scalar_t>(static_cast<int64_t>(static_cast<uint64_t>(base) + k));
     });
-  });
+  }), at::kBool, at::kHalf, at::kBFloat16, AT_EXPAND(AT_ALL_TYPES),
+      AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
   return self;
 }
 
-// random_(): every integer the dtype holds from 0 up.
+// The largest integer random_() and random_(from) draw: 2^digits for a float
+// dtype, the largest value of an integral one.
+int64_t largest_draw(at::ScalarType type) {
+  int64_t largest = 1;  // bool
+  AT_DISPATCH_V2(type, "random_", AT_WRAP([&] {
+    if constexpr (std::is_floating_point_v<scalar_t> || !std::numeric_limits<scalar_t>::is_integer) {
+      largest = int64_t{1} << std::min(std::numeric_limits<scalar_t>::digits, 63);
+    } else if constexpr (!std::is_same_v<scalar_t, bool>) {
+      largest = static_cast<int64_t>(std::numeric_limits<scalar_t>::max());
+    }
+  }), at::kBool, at::kHalf, at::kBFloat16, AT_EXPAND(AT_ALL_TYPES),
+      AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+  return largest;
+}
+
+// random_(): 0 up to the largest draw. The CPU has no such kernel for the
+// unsigned 16-, 32- and 64-bit dtypes; neither has acme.
 at::Tensor& random_(at::Tensor& self, std::optional<at::Generator> gen) {
-  return random_between(self, 0, exact_integers(self.scalar_type()).second, gen);
+  TORCH_CHECK_NOT_IMPLEMENTED(!at::isBarebonesUnsignedType(self.scalar_type()),
+                              "\"random_\" not implemented for '",
+                              toString(self.scalar_type()), "'");
+  return random_range(self, static_cast<uint64_t>(largest_draw(self.scalar_type())) + 1, 0, gen);
 }
 
 at::Tensor& random_from(at::Tensor& self, int64_t from, std::optional<int64_t> to,
                         std::optional<at::Generator> gen) {
-  if (!to) return random_between(self, from, exact_integers(self.scalar_type()).second, gen);
-  TORCH_CHECK(from < *to, "random_ expects 'from' to be less than 'to', but got from=", from,
-              " >= to=", *to);
-  return random_between(self, from, *to - 1, gen);
+  const bool floating = at::isFloatingType(self.scalar_type());
+  if (to) {  // [from, to)
+    int64_t last = *to;
+    TORCH_CHECK(from < last, "random_ expects 'from' to be less than 'to', but got from=", from,
+                " >= to=", last);
+    if (floating) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "random_", [&] {
+        from = templates::update_from<scalar_t>(from);
+        last = templates::update_to<scalar_t>(last);
+      });
+      TORCH_CHECK(from < last, "random_ expects 'from' casted to dtype to be less than 'to' "
+                  "casted to dtype, but got from=", from, " >= to=", last);
+    }
+    templates::check_from_to_in_range(from, last - 1, self.dtype());
+    return random_range(self, static_cast<uint64_t>(last) - static_cast<uint64_t>(from), from,
+                        gen);
+  }
+  if (from == std::numeric_limits<int64_t>::lowest()) {  // every 64-bit value
+    const auto type = self.scalar_type();
+    TORCH_CHECK(type == at::kLong || type == at::kDouble || type == at::kFloat ||
+                    type == at::kBFloat16,
+                "random_ from the lowest int64 with no 'to' draws every 64-bit integer: it takes "
+                "int64, float64, float32 or bfloat16 tensors, not ", type);
+    return random_range(self, 0, from, gen);
+  }
+  const int64_t largest = largest_draw(self.scalar_type());  // [from, largest]
+  if (floating) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "random_", [&] {
+      from = templates::update_from<scalar_t>(from);
+    });
+    TORCH_CHECK(from < largest, "random_ expects 'from' casted to dtype to be less than or equal "
+                "to 'to_inc' casted to dtype, but got from=", from, " > to_inc=", largest);
+  }
+  templates::check_from_to_in_range(from, largest, self.dtype());
+  return random_range(self, static_cast<uint64_t>(largest) - static_cast<uint64_t>(from) + 1,
+                      from, gen);
 }
 
 at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator> gen) {
