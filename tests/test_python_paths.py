@@ -169,11 +169,12 @@ def test_ch03_tanh_autograd_from_python_at_stage_2(request):
     """)
 
 
-def test_ch03_python_kernel_replaces_the_cpp_one_at_stage_3(request):
-    # With the hooks present (stage 3), the Python registration takes over from
-    # acme's C++ kernel and the engine runs its backward end to end.
+def test_ch03_python_override_runs_end_to_end_at_stage_3(request):
+    # With the hooks present (stage 3), the engine runs the Python override's
+    # backward end to end. (acme's own C++ override is registered on request
+    # only: the entry is PyTorch's formula until this file takes it.)
     run(request, 3, 3, "ch03_autograd.py", """
-        assert "autograd.cpp" in row("aten::tanh", "AutogradPrivateUse1")
+        assert "VariableType" in row("aten::tanh", "AutogradPrivateUse1")
         warnings.simplefilter("ignore")
         path = register()
         tanh_row = row("aten::tanh", "AutogradPrivateUse1")

@@ -78,15 +78,21 @@ at::Tensor rms_norm_fused(const at::Tensor& input, c10::SymIntArrayRef normalize
 
 //> ch15 rms-norm-autograd
 // The autograd key's kernel. When a gradient is wanted, PyTorch's composite
-// runs and autograd records its pieces; otherwise (inference, no_grad) the
-// call goes below autograd, to the fused kernel. Without this registration
+// runs and autograd records its pieces (torch.func's transforms work through
+// them); otherwise (inference, no_grad) the call goes below autograd, to the
+// fused kernel. Without this registration
 // the table's AutogradPrivateUse1 entry would be the autograd fallback, and a
 // backward through rms_norm on acme would find no formula.
 at::Tensor rms_norm_autograd(const at::Tensor& input, c10::SymIntArrayRef normalized_shape,
                              const std::optional<at::Tensor>& weight, std::optional<double> eps) {
-  const bool wants_grad =
-      c10::GradMode::is_enabled() &&
-      (input.requires_grad() || (weight.has_value() && weight->defined() && weight->requires_grad()));
+  // A gradient is wanted by backward (grad mode and requires_grad) or by
+  // forward-mode AD (a tangent on an input, whatever the grad mode): the fused
+  // kernel would silently drop either.
+  auto wants = [](const at::Tensor& t) {
+    return t.defined() && ((c10::GradMode::is_enabled() && t.requires_grad()) ||
+                           t._fw_grad(/*level=*/0).defined());
+  };
+  const bool wants_grad = wants(input) || (weight.has_value() && wants(*weight));
   if (wants_grad) return at::compositeimplicitautograd::rms_norm_symint(input, normalized_shape, weight, eps);
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   return at::rms_norm_symint(input, normalized_shape, weight, eps);

@@ -32,6 +32,12 @@ PYBIND11_MODULE(_C, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>(),
         "Wait until acme's autograd threads have released every finished graph.");
 //< ch03 bind-drain
+//> ch03 bind-override
+  // The Library comes back as PyTorch's own binding of it, torch._C._DispatchModule;
+  // deleting it removes its kernels.
+  m.def("_override_tanh_autograd", &acme::override_tanh_autograd,
+        "Register chapter 3's tanh autograd override while the returned object lives.");
+//< ch03 bind-override
 //> ch04 bind-autocast
   auto autocast = m.def_submodule("autocast", "acme's autocast policies, as registered.");
   acme_bind_autocast(autocast);

@@ -1,11 +1,28 @@
 #@ ch03
-"""The Python route to a custom backward: ``torch.autograd.Function``.
+"""Chapter 3's autograd override of tanh, in C++ and in Python.
 
-The same tanh as ``csrc/aten/autograd.cpp``, for prototyping a backward before
-writing it in C++. It is not registered for acme; call ``Tanh.apply(x)``.
+``tanh_override()`` registers the C++ override (``csrc/aten/autograd.cpp``) for
+a ``with`` block: acme ships PyTorch's own graph for tanh, whose backward runs
+on acme's ``tanh_backward`` kernel. ``Tanh`` is the same backward as a Python
+``torch.autograd.Function``, for prototyping; it is not registered for acme,
+call ``Tanh.apply(x)``.
 """
 
+import contextlib
+
 import torch
+
+
+@contextlib.contextmanager
+def tanh_override():
+    """tanh on acme records acme's own backward node inside the block."""
+    from torch_acme import _C
+
+    registration = _C._override_tanh_autograd()
+    try:
+        yield
+    finally:
+        del registration  # destroying the Library removes its kernel
 
 
 class Tanh(torch.autograd.Function):
