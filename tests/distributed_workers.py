@@ -302,6 +302,74 @@ def fsdp(rank: int, world: int, port: int) -> dict:
     return {"cpu": max((full[k] - ref[k]).abs().max().item() for k in ref)}
 
 
+def tensor_parallel(rank: int, world: int, port: int) -> dict:
+    """An attention block and an MLP of acme's custom operators, split over the
+    ranks with DTensor (q, k, v and the MLP's inputs by columns, the outputs by
+    rows), so SDPA, its backward, rms_norm, bias_gelu and swiglu all run on
+    sharded DTensors; against the unsplit block on the CPU."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    batch, seq, width, heads = 2, 6, 32, 4
+    ops = getattr(torch.ops, DEVICE)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+            self.norm = nn.Parameter(torch.rand(width) + 0.5)
+            self.up = nn.Linear(width, 2 * width, bias=False)
+            self.up_bias = nn.Parameter(torch.randn(2 * width) * 0.1)
+            self.gate = nn.Linear(width, 2 * width, bias=False)
+            self.down = nn.Linear(2 * width, width)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+
+            def split(t):  # -1: the heads (all of them, as a DTensor)
+                return t.view(b, s, -1, width // heads).transpose(1, 2)
+            a = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)),
+                                               split(self.v(x)), is_causal=True)
+            h = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
+            n = F.rms_norm(h, (width,), self.norm, 1e-6)
+            up = ops.bias_gelu(self.up(n), self.up_bias)
+            return h + self.down(ops.swiglu(self.gate(n), up))
+
+    torch.manual_seed(0)
+    reference, x = Block(), torch.randn(batch, seq, width)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    torch.accelerator.set_device_index(rank)
+    mesh = init_device_mesh(DEVICE, (world,))
+    model = Block()
+    model.load_state_dict(reference.state_dict())
+    model.to(torch.device(DEVICE, rank))
+    columns, rows = ColwiseParallel(use_local_output=False), RowwiseParallel(use_local_output=False)
+    parallelize_module(model, mesh, {"q": columns, "k": columns, "v": columns, "o": rows,
+                                     "up": columns, "gate": columns, "down": rows})
+    model.norm = nn.Parameter(distribute_tensor(model.norm.data, mesh, [Replicate()]))
+    model.up_bias = nn.Parameter(distribute_tensor(model.up_bias.data, mesh, [Shard(0)]))
+
+    xr = x.clone().requires_grad_()
+    expected = reference(xr)
+    (expected * expected).sum().backward()
+    y = model(DTensor.from_local(x.to(torch.device(DEVICE, rank)), mesh, [Replicate()]))
+    (y * y).sum().backward()
+    result = {"forward": (y.full_tensor().cpu() - expected.detach()).abs().max().item()}
+    result["gradients"] = max(
+        (p.grad.full_tensor().cpu() - q.grad).abs().max().item()
+        for p, q in zip(model.parameters(), reference.parameters()))
+    with torch.no_grad():  # rms_norm on its fused kernel, through its strategy
+        again = model(DTensor.from_local(x.to(torch.device(DEVICE, rank)), mesh, [Replicate()]))
+    result["no_grad"] = (again.full_tensor().cpu() - expected.detach()).abs().max().item()
+    dist.destroy_process_group()
+    return result
+
+
 # ---- faults: each must end in a clear error well inside the timeout ----
 
 def failure(fn) -> dict:
@@ -363,7 +431,8 @@ def wrong_device(rank: int, world: int, port: int) -> dict:
     return failure(lambda: dist.all_reduce(torch.ones(2, device=dev)))  # waits for rank 0
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, init_forms, ddp, fsdp, rank_exits, rank_hangs,
+SCENARIOS = {f.__name__: f for f in (collectives, init_forms, ddp, fsdp, tensor_parallel,
+                                      rank_exits, rank_hangs,
                                       sizes_differ, wrong_device)}
 
 if __name__ == "__main__":

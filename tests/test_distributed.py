@@ -129,6 +129,14 @@ def test_fsdp2_equals_one_process(tmp_path):
     assert result["cpu"] < 1e-5
 
 
+def test_tensor_parallel_attention_and_custom_ops_equal_one_process(tmp_path):
+    # DTensor refuses an operator without a sharding strategy; acme registers
+    # strategies for the operators it adds or routes to (torch_acme/sharding.py).
+    for result in succeeded(run_ranks("tensor_parallel", tmp_path)):
+        assert result["forward"] < 1e-5 and result["no_grad"] < 1e-5, result
+        assert result["gradients"] < 1e-4, result
+
+
 def test_a_rank_that_exits_fails_the_others_at_once(tmp_path):
     rank0, rank1 = run_ranks("rank_exits", tmp_path)
     assert rank1["code"] == 3

@@ -14,7 +14,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, sharding
 
 # The backend takes the device's name, as everything users see does.
 BACKEND_NAME = torch._C._get_privateuse1_backend_name()
@@ -28,6 +28,7 @@ def _make_process_group(store: dist.Store, rank: int, size: int,
     NCCL's or gloo's type whatever it made (DDP then fails to find it), and
     `init_process_group()` with no backend makes only the accelerator's; a
     group made here is right in both respects."""
+    sharding.register()  # DTensor's strategies for acme's operators, once
     group = dist.ProcessGroup(store, rank, size)
     backend = _C._make_process_group_backend(store, rank, size, timeout)
     custom = dist.ProcessGroup.BackendType.CUSTOM
