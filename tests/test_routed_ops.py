@@ -410,6 +410,50 @@ def test_transformer_encoder_layer_matches_cpu():
     compare_module(layer, leaf(2, 5, 8))
 
 
+# ---- the Transformer's fast path ----
+
+ENCODERS = {
+    "relu": dict(activation="relu", norm_first=False),
+    "gelu": dict(activation="gelu", norm_first=False),
+    "norm-first": dict(activation="relu", norm_first=True),  # PyTorch packs nothing here
+}
+LENGTHS = {"ragged": [5, 3, 1], "full": [5, 5, 5], "one-empty": [4, 0, 2]}
+
+
+@pytest.mark.parametrize("lengths", list(LENGTHS))
+@pytest.mark.parametrize("kind", list(ENCODERS))
+def test_transformer_encoder_fast_path_matches_cpu(kind, lengths):
+    # In eval mode with a padding mask, nn.TransformerEncoder packs its input
+    # into a nested tensor, runs _transformer_encoder_layer_fwd on it and pads
+    # it back (on the CPU, CUDA and PrivateUse1 alike): acme's nested.cpp.
+    torch.manual_seed(18)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, **ENCODERS[kind])
+    encoder = nn.TransformerEncoder(layer, 2).eval()
+    sizes = LENGTHS[lengths]
+    src = torch.randn(len(sizes), max(sizes), 8)
+    padding = torch.arange(max(sizes)).unsqueeze(0) >= torch.tensor(sizes).unsqueeze(1)
+    def run(module, device):
+        with torch.no_grad(), torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = module(src.to(device), src_key_padding_mask=padding.to(device))
+        nested = {"aten::_nested_tensor_from_mask", "aten::to_padded_tensor"}
+        return out, nested <= {event.name for event in prof.events()}
+
+    expected, cpu_packed = run(encoder, "cpu")
+    actual, acme_packed = run(copy.deepcopy(encoder).to(DEVICE), DEVICE)
+    assert acme_packed == cpu_packed == (not ENCODERS[kind]["norm_first"])  # the same path
+    assert actual.shape == expected.shape
+    # The padding's rows too: the packed path's zeros, or what the dense path
+    # computes there (NaN for a sequence with no token, on both).
+    torch.testing.assert_close(actual.cpu(), expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_a_nested_tensor_the_user_made_is_still_refused():
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with pytest.raises(NotImplementedError, match=f"{DEVICE} has no nested tensors"):
+        nested.to(DEVICE).sum()
+
+
 # ---- views ----
 
 def test_views_share_storage():
