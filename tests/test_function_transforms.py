@@ -34,6 +34,11 @@ FUNCTIONS = {
     "tanh-mlp": lambda x: torch.tanh(torch.tanh(x.reshape(2, 3)) @ WEIGHT.to(x.device)).sum(),
     "gelu-tanh": lambda x: F.gelu(x, approximate="tanh").sum(),
     "layer_norm": lambda x: F.layer_norm(x.reshape(2, 3), (3,)).mul(WEIGHT.to(x.device)).sum(),
+    # acme's fused attention backward is differentiable (chapter 14's autograd
+    # kernel); its forward has no forward derivative or batching rule, so under
+    # forward AD and torch.func the choice takes the math path.
+    "attention": lambda x: F.scaled_dot_product_attention(
+        x.reshape(1, 2, 3), 0.5 * x.reshape(1, 2, 3), x.reshape(1, 2, 3)).pow(2).sum(),
 }
 TRANSFORMS = {
     "grad": grad,
@@ -47,7 +52,8 @@ TRANSFORMS = {
 def test_the_autograd_key_kernels_are_these():
     registered = set(torch._C._dispatch_get_registrations_for_dispatch_key("AutogradPrivateUse1"))
     # boxkit::nms returns indices: a fallthrough, nothing to transform.
-    assert registered == {"aten::rms_norm", "acme::bias_gelu", "boxkit::nms"}, registered
+    assert registered == {"aten::rms_norm", "acme::bias_gelu", "boxkit::nms",
+                          "aten::_scaled_dot_product_fused_attention_overrideable_backward"}, registered
 
 
 @pytest.mark.parametrize("transform", list(TRANSFORMS))

@@ -527,3 +527,38 @@ def test_layer_norm_over_one_element_matches_cpu():
     actual = F.layer_norm(x.to(DEVICE), (1,), w.to(DEVICE), b.to(DEVICE)).cpu()
     assert torch.equal(actual, expected)
     compare_module(nn.GroupNorm(2, 4).double(), leaf(2, 4, 3))
+
+
+def test_sdpa_query_of_another_rank_matches_cpu():
+    # A 3-D query against 4-D keys broadcasts on the math path; acme's fused
+    # kernel has no such form (nor have CUDA's), so the choice sends it there.
+    torch.manual_seed(14)
+    q, k, v = leaf(4, 3, 8), leaf(4, 4, 6, 8), leaf(4, 4, 6, 8)
+    (expected, expected_grads), (actual, actual_grads) = sdpa_pair(q, k, v, is_causal=True)
+    torch.testing.assert_close(actual.cpu(), expected)
+    for e, a in zip(expected_grads, actual_grads):
+        torch.testing.assert_close(a.cpu(), e)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "float-mask-with-grad"])
+def test_sdpa_second_derivative_matches_cpu(case):
+    # Chapter 14: the fused backward is differentiable again (recomputed on
+    # ATen's math path when a graph is asked for). The CPU's reference runs
+    # its math path, the one CPU route with a second derivative.
+    torch.manual_seed(15)
+    q, k, v = leaf(2, 3, 5, 8), leaf(2, 3, 7, 8), leaf(2, 3, 7, 6)
+    kwargs = SDPA_CASES[case]
+    results = []
+    for device in ("cpu", DEVICE):
+        qd, kd, vd = on(device, (q, k, v))
+        mask = kwargs.get("attn_mask")
+        kw = dict(kwargs, attn_mask=on(device, mask)) if mask is not None else kwargs
+        with sdpa_kernel([SDPBackend.MATH] if device == "cpu" else [SDPBackend.OVERRIDEABLE]):
+            out = F.scaled_dot_product_attention(qd, kd, vd, **kw)
+        leaves = [t for t in (qd, kd, vd, kw.get("attn_mask")) if t is not None and t.requires_grad]
+        grads = torch.autograd.grad(out, leaves, torch.ones_like(out), create_graph=True)
+        second = torch.autograd.grad(sum((g * g).sum() for g in grads), leaves)
+        results.append((out.grad_fn.name(), [s.detach().cpu() for s in second]))
+    assert results[1][0] == "ScaledDotProductFusedAttentionOverrideableBackward0"
+    for e, a in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, e)

@@ -1,7 +1,8 @@
 """Runs tests/conformance_suite.py in crash-isolated workers and writes the results.
 
     python tools/conformance.py                 # everything: every sample, ops and modules
-    python tools/conformance.py --quick         # one sample per op, float32 (what `nox -s tests` runs)
+    python tools/conformance.py --quick         # one sample per op, float32 (float64 for second
+                                                # derivatives); no first backward (what `nox -s tests` runs)
     python tools/conformance.py -k conv         # tests whose name matches the regular expression "conv"
 
 Each worker is a Python process that imports the backend and the suite once,
@@ -34,7 +35,8 @@ LAST = tomllib.loads((ROOT / "chapters" / "chapters.toml").read_text())["chapter
 
 # What a result can be, in the order the heatmap and the summary show them.
 STATUSES = ("pass", "close", "mismatch", "error", "crash", "harness", "cpu-unsupported", "skipped", "xfail", "xpass")
-DTYPE_ORDER = ("float32", "float64", "float16", "bfloat16", "complex64", "int64", "uint8", "bool")
+DTYPE_ORDER = ("float32", "float64", "float16", "bfloat16", "complex64", "int64", "uint8", "bool",
+               "uint16", "uint32", "uint64")
 TEST_TIMEOUT = 300  # seconds one test may take before its worker is declared hung
 SUITE = ROOT / "tests" / "conformance_suite.py"
 
@@ -149,7 +151,7 @@ class Run:
 def parse(test_id: str) -> dict:
     """Splits TestConformanceACME.test_forward_nn_functional_conv2d_acme_float32 into its parts."""
     method = test_id.partition(".")[2]
-    m = re.fullmatch(r"test_(forward|backward|module)_(.+)_[a-z0-9]+_([a-z0-9]+)", method)
+    m = re.fullmatch(r"test_(forward|backward|module|extremal|empty|layout|gradgrad)_(.+)_[a-z0-9]+_([a-z0-9]+)", method)
     kind, name, dtype = m.groups() if m else ("?", method, "?")
     mode = ""
     if kind == "module":
@@ -206,11 +208,13 @@ def run(stage: int = LAST, workers: int = 2, select: str | None = None, quick: b
         if read_line(w, 600) is None:
             raise RuntimeError("a worker did not start:\n" + w.log.read_text()[-3000:])
     if quick:
-        tests = [t for t in tests if t.endswith("_float32") and parse(t)["kind"] != "backward"]
+        # float32 forward, modules and edge sweeps; second derivatives in float64.
+        tests = [t for t in tests if parse(t)["kind"] != "backward" and (
+            t.endswith("_float32") or (parse(t)["kind"] == "gradgrad" and t.endswith("_float64")))]
     if select:
         tests = [t for t in tests if re.search(select, t)]
     # The slow tests first, so that no worker is left with one at the end.
-    tests.sort(key=lambda t: {"module": 0, "backward": 1}.get(parse(t)["kind"], 2))
+    tests.sort(key=lambda t: {"module": 0, "backward": 1, "gradgrad": 1}.get(parse(t)["kind"], 2))
     queue, run_ = list(reversed(tests)), Run()
     done = 0
 
@@ -273,6 +277,10 @@ def run(stage: int = LAST, workers: int = 2, select: str | None = None, quick: b
 
 # ---- what a run says ----
 
+# forward, backward and module run OpInfo's and ModuleInfo's samples as they are;
+# the edge sweeps change them (extremal values, an emptied dimension, channels-last
+# inputs) or go one derivative further (gradgrad).
+KINDS = ("forward", "backward", "module", "extremal", "empty", "layout", "gradgrad")
 JUDGED = ("pass", "close", "mismatch", "error", "crash", "xfail", "xpass", "harness")
 
 
@@ -283,7 +291,7 @@ def summary(results: list) -> dict:
     comparison allows. Skipped tests and those the CPU cannot run are not judged.
     """
     out = {}
-    for kind in ("forward", "backward", "module"):
+    for kind in KINDS:
         counts = Counter(r["status"] for r in results if r["kind"] == kind)
         judged = sum(counts[s] for s in JUDGED)
         passed = counts["pass"] + counts["close"]
@@ -327,7 +335,8 @@ def heatmap(results: list, strips: int = 4):
     names = sorted({r["name"] for r in results if r["kind"] in ("forward", "backward")})
     # Integers and bool have no gradients: backward rows only for the others.
     rows = ([("forward", d) for d in DTYPE_ORDER]
-            + [("backward", d) for d in DTYPE_ORDER if d not in ("int64", "uint8", "bool")])
+            + [("backward", d) for d in DTYPE_ORDER if d in ("float32", "float64", "float16", "bfloat16",
+                                                              "complex64")])
     order = list(COLOURS)
     cell = {(r["name"], r["kind"], r["dtype"]): order.index(r["status"]) for r in results
             if r["status"] in COLOURS}

@@ -63,7 +63,16 @@ int64_t choose_sdp_backend(const at::Tensor& query, const at::Tensor& key,
       !query.is_nested() && !key.is_nested() && !value.is_nested() &&
       at::isFloatingType(query.scalar_type()) &&
       // The fused op has no grouped-query form: those go to the math path.
-      (!enable_gqa || query.dim() < 3 || query.size(-3) == key.size(-3));
+      (!enable_gqa || query.dim() < 3 || query.size(-3) == key.size(-3)) &&
+      // Nor one that broadcasts a query of another rank (CUDA's fused
+      // kernels ask for 4-D inputs alike): the math path broadcasts.
+      query.dim() == key.dim() && key.dim() == value.dim() &&
+      // Nor a forward derivative or a batching rule (as CUDA's fused ops):
+      // under forward-mode AD and torch.func's transforms, the math path.
+      !query._fw_grad(/*level=*/0).defined() && !key._fw_grad(0).defined() &&
+      !value._fw_grad(0).defined() &&
+      !query.key_set().has_any(c10::DispatchKeySet(
+          {c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper}));
   if (supported && context.userEnabledOverrideableSDP())
     return static_cast<int64_t>(at::SDPBackend::overrideable);
   if (context.userEnabledMathSDP()) return static_cast<int64_t>(at::SDPBackend::math);

@@ -4,6 +4,10 @@
 // (chapter 14). Neither raised an error: both were silently wrong.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
+//> ch14 pixel-shuffle-include
+#include <ATen/ops/pixel_shuffle_native.h>
+#include <ATen/ops/pixel_unshuffle_native.h>
+//< ch14 pixel-shuffle-include
 #include <torch/library.h>
 //> ch16 shallow-copy-include
 
@@ -59,6 +63,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
 }
 //< ch14 batch-norm
 
+//> ch14 pixel-shuffle
+// pixel_shuffle has a CPU kernel and, for every other device, ATen's
+// composite (reshape, permute, copy), which returns a contiguous tensor: a
+// channels-last input came back channels-first, where the CPU keeps it
+// channels-last. acme runs the composite on the device and gives the result
+// the input's memory format. (Not the CPU's kernel through the fallback: for
+// an empty input that kernel returns the input's shape, which is wrong.)
+at::Tensor pixel_shuffle(const at::Tensor& self, int64_t upscale_factor) {
+  return at::native::math_pixel_shuffle(self, upscale_factor)
+      .contiguous(self.suggest_memory_format());
+}
+
+at::Tensor pixel_unshuffle(const at::Tensor& self, int64_t downscale_factor) {
+  return at::native::math_pixel_unshuffle(self, downscale_factor)
+      .contiguous(self.suggest_memory_format());
+}
+//< ch14 pixel-shuffle
+
 }  // namespace
 }  // namespace acme
 
@@ -66,5 +88,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(acme::has_compatible_shallow_copy_type));
   m.impl("native_batch_norm", TORCH_FN(acme::native_batch_norm));
+//> ch14 register-pixel-shuffle
+  m.impl("pixel_shuffle", TORCH_FN(acme::pixel_shuffle));
+  m.impl("pixel_unshuffle", TORCH_FN(acme::pixel_unshuffle));
+//< ch14 register-pixel-shuffle
 }
 //< ch14 register-fixes

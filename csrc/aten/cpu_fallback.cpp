@@ -244,3 +244,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   }
 }
 //< ch14 register-cpu-kernels-implicit
+
+//> ch14 register-cpu-kernels-format
+// A third form of the trap, found by chapter 14's channels-last sweep: a
+// structured op's CompositeExplicitAutogradNonFunctional kernel allocates a
+// contiguous result on acme and calls the .out form, where the CPU's own
+// kernel gives channels-last inputs a channels-last result. Through the
+// fallback, the whole op runs on the CPU's kernel and keeps its strides.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* name : {"replication_pad2d", "replication_pad3d", "reflection_pad3d",
+                           "reflection_pad3d_backward"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&acme::cpu_fallback>());
+  }
+}
+//< ch14 register-cpu-kernels-format
