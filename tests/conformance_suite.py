@@ -240,7 +240,7 @@ def _map_tensors(sample, fn):
 
 def _extremal(x: torch.Tensor) -> torch.Tensor:
     """A copy with inf, -inf and nan (and for complex, their mixtures) in its first elements."""
-    if not (x.is_floating_point() or x.is_complex()) or x.numel() == 0:
+    if not (x.is_floating_point() or x.is_complex()) or x.numel() == 0 or x.layout != torch.strided:
         return x
     inf, nan = float("inf"), float("nan")
     values = ([complex(inf, nan), complex(-inf, 1), complex(nan, inf), complex(1, -inf), complex(inf, inf)]
@@ -256,11 +256,13 @@ def _extremal(x: torch.Tensor) -> torch.Tensor:
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
     form = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    if x.layout != torch.strided:
+        return x
     return x.contiguous(memory_format=form).requires_grad_(x.requires_grad) if form else x
 
 
 def _emptied(x: torch.Tensor, dim: int) -> torch.Tensor:
-    if x.dim() == 0:
+    if x.dim() == 0 or x.layout != torch.strided:
         return x
     shape = list(x.shape)
     shape[dim] = 0
@@ -661,8 +663,17 @@ ACME_OVERRIDES: dict[str, list[DecorateInfo]] = {
     # pixel_unshuffle kernel returns the input's shape ((1, 1, 6, 0) for a
     # factor of 3, where the op's own shape rule, and CUDA, give (1, 9, 2, 0)).
     "nn.functional.pixel_unshuffle": [DecorateInfo(
-        unittest.skip("the CPU's answer is wrong: an empty input keeps its shape"),
+        unittest.skip("wrong on the CPU: an empty input keeps its shape"),
         "TestConformance", "test_empty")],
+    # PyTorch checks quantile's q (in [0, 1], not nan) on the CPU only: elsewhere
+    # the check would cost a device synchronisation. acme, like CUDA, returns nan.
+    **{name: [DecorateInfo(unittest.skip("PyTorch checks q's range on the CPU only (as on CUDA)"),
+                           "TestConformance", "test_extremal")] for name in ("quantile", "nanquantile")},
+    # The CPU's solution is a view into LAPACK's column-major workspace (its strides
+    # follow that buffer); acme's, through the fallback, is the same values, contiguous.
+    **{name: [DecorateInfo(unittest.skip("strides of a view of LAPACK's workspace on the CPU"),
+                           "TestConformance", "test_layout")]
+       for name in ("linalg.lstsq", "linalg.lstsq.grad_oriented")},
     # The forward in float16 too: on the samples' values (drawn on acme, so
     # they moved when uniform_ took the CPU's construction) one loss lands
     # 1.2e-3 from the CPU's, past the 1e-3 tolerance.
