@@ -228,11 +228,11 @@ def collectives(rank: int, world: int, port: int) -> dict:
     return {"checks": len(checks), "async_returned_before_done": queued_before_done}
 
 
-def init_forms(rank: int, world: int, port: int) -> dict:
+def init_forms(rank: int, world: int, ports: list[int]) -> dict:
     """Which backend each way of calling init_process_group gives acme and CPU tensors."""
     seen = {}
     for i, form in enumerate([None, DEVICE, f"cpu:gloo,{DEVICE}:{DEVICE}"]):
-        dev = init(rank, world, port + i, form)
+        dev = init(rank, world, ports[i], form)  # a store of its own per group
         pg = dist.group.WORLD
         t = torch.ones(2, device=dev)
         c = torch.ones(2)
@@ -436,7 +436,10 @@ SCENARIOS = {f.__name__: f for f in (collectives, init_forms, ddp, fsdp, tensor_
                                       sizes_differ, wrong_device)}
 
 if __name__ == "__main__":
-    name, rank, world, port = sys.argv[1], *map(int, sys.argv[2:5])
-    result = SCENARIOS[name](rank, world, port)
+    # The ports of stores the test hosts (tools/rendezvous.py); the ranks join
+    # them as clients (TORCHELASTIC_USE_AGENT_STORE is set in their environment).
+    name, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    ports = [int(p) for p in sys.argv[4].split(",")]
+    result = SCENARIOS[name](rank, world, ports if name == "init_forms" else ports[0])
     print("RESULT " + json.dumps(result), flush=True)
     os._exit(0)  # a failed communicator's group is not torn down cleanly by c10d

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,18 +19,13 @@ import pytest
 import torch
 
 from conftest import LAST, ROOT, stage_built, stage_path
+from tools.rendezvous import hosted_stores
 
 if LAST < 21:
     pytest.skip("the last stage predates chapter 21", allow_module_level=True)
 
 WORKERS = Path(__file__).with_name("distributed_workers.py")
 DEVICE = "acme"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def environment(tmp_path: Path) -> dict:
@@ -44,10 +38,15 @@ def environment(tmp_path: Path) -> dict:
 def run_ranks(scenario: str, tmp_path: Path, world: int = 2, timeout: float = 120,
               **env: str) -> list[dict]:
     """Starts every rank; returns each one's exit code, RESULT and output."""
-    port = free_port()  # init_forms also takes the two after it
-    procs = [subprocess.Popen([sys.executable, str(WORKERS), scenario, str(r), str(world),
-                               str(port)], env={**environment(tmp_path), **env},
-                              stdout=subprocess.PIPE,
+    # Stores on ports the OS chose, hosted here (init_forms makes three groups).
+    with hosted_stores(3 if scenario == "init_forms" else 1) as (ports, store_env):
+        return _run_ranks(scenario, tmp_path, world, timeout, ",".join(map(str, ports)),
+                          {**environment(tmp_path), **store_env, **env})
+
+
+def _run_ranks(scenario, tmp_path, world, timeout, ports, env) -> list[dict]:
+    procs = [subprocess.Popen([sys.executable, str(WORKERS), scenario, str(r), str(world), ports],
+                              env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(world)]
     ranks = []
     try:

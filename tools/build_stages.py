@@ -243,7 +243,8 @@ def copy_python(stage_dir: Path, pkg: Path) -> None:
         if not target.exists() or target.read_bytes() != data:
             target.write_bytes(data)
     for path in pkg.rglob("*.py"):
-        if path.relative_to(pkg) not in wanted and path.name != "_build_info.py":
+        if path.relative_to(pkg) not in wanted and path.name not in ("_build_info.py",
+                                                                      "_built_against.py"):
             path.unlink()
 
 
@@ -316,6 +317,11 @@ def build(upto: int | None, out: Path, kernels: bool, jobs: int, sanitize: bool 
             f'"""Written by tools/build_stages.py: which stage this build is."""\n'
             f"STAGE = {number}\nSOURCE_DIGEST = {snapshot_digest(stage_dir)!r}\n",
         )
+        if number >= 17:  # what CMake writes from chapter 17 on (CMakeLists.txt, ch17 built-against)
+            import torch
+            write_if_changed(package_dir(out, number) / "_built_against.py",
+                             "# Written by CMake: the PyTorch release the libraries were compiled "
+                             f'against.\nTORCH = "{torch.__version__}"\n')
         if kernels:
             install_kernel(number, stage_dir, out)
     return [d for _, d in stage_dirs]

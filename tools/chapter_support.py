@@ -165,27 +165,28 @@ def on_ranks(number: int, code: str, world: int = 2, timeout: float = 120,
     """Run `code` as `world` processes against stage `number`, each with the
     environment torchrun gives a rank (RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR, MASTER_PORT), so `init_process_group()` finds its peers."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(world):
-        rank_env = dict(os.environ, PYTHONPATH=str(stage_path(number)), RANK=str(rank),
-                        LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                        MASTER_PORT=str(port), **env)
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=rank_env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      cwd=BOOK / "chapters"))
-    done = []
     try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    finally:
-        for p in procs:
-            p.kill()
+        from rendezvous import hosted_stores
+    except ImportError:
+        from tools.rendezvous import hosted_stores
+    # The rendezvous store is hosted here, on a port the OS chose (MASTER_PORT),
+    # as torchrun's agent hosts it; the ranks join it as clients.
+    with hosted_stores() as (_, store_env):
+        procs = []
+        for rank in range(world):
+            rank_env = dict(os.environ, PYTHONPATH=str(stage_path(number)), RANK=str(rank),
+                            LOCAL_RANK=str(rank), WORLD_SIZE=str(world), **store_env, **env)
+            procs.append(subprocess.Popen([sys.executable, "-c", code], env=rank_env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          cwd=BOOK / "chapters"))
+        done = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=timeout)
+                done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+        finally:
+            for p in procs:
+                p.kill()
     return done
 
 

@@ -84,17 +84,20 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=0, help="1: one process, no DDP")
     parser.add_argument("--save")
     args = parser.parse_args()
-    if args.spawn:  # as mp.spawn users do: pick the rendezvous ourselves
-        import socket
-
+    if args.spawn:  # as mp.spawn users do: host the rendezvous ourselves
         import torch.multiprocessing as mp
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+
+        store = None
         if "MASTER_PORT" not in os.environ:
-            with socket.socket() as s:  # a free port
-                s.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+            # Port 0: the OS picks a port and the store keeps it, so no other
+            # process can take it first. This process hosts the store, as
+            # torchrun's agent does; the flag makes every rank a client of it.
+            store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                              TORCHELASTIC_USE_AGENT_STORE="True")
         mp.spawn(_spawned, args=(args.spawn, args.device, args.steps, args.save),
                  nprocs=args.spawn)
+        del store
     elif args.world == 1:
         train(0, 1, args.device, args.steps, args.save)
     else:  # under torchrun: the environment says who we are

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -104,18 +103,22 @@ def rank_main(rank: int, world: int, port: int, quick: bool) -> dict:
 def run(quick: bool = False, env: dict | None = None, world: int = 2,
         timeout: float = 600) -> dict:
     """Starts the ranks; returns rank 0's figures."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, __file__, "--port", str(port), "--world", str(world)]
-    command += ["--quick"] if quick else []
-    procs = [subprocess.Popen([*command, "--rank", str(r)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(world)]
     try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+        from rendezvous import hosted_stores
+    except ImportError:
+        from tools.rendezvous import hosted_stores
+    with hosted_stores() as (ports, store_env):  # on a port the OS chose, hosted here
+        command = [sys.executable, __file__, "--port", str(ports[0]), "--world", str(world)]
+        command += ["--quick"] if quick else []
+        procs = [subprocess.Popen([*command, "--rank", str(r)],
+                                  env={**(os.environ if env is None else env), **store_env},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in range(world)]
+        try:
+            outs = [p.communicate(timeout=timeout) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
     for p, (out, err) in zip(procs, outs):
         if p.returncode != 0:
             raise RuntimeError(f"a rank of tools/dist_bench.py failed:\n{err[-3000:]}")

@@ -24,6 +24,20 @@ DEVICE_NAME = "acme"
 torch.utils.rename_privateuse1_backend(DEVICE_NAME)
 
 #< ch08 name
+#> ch17 release-check
+# The libraries work with the release they were compiled against only.
+# Under another, loading them fails with an undefined C++ symbol (or worse,
+# succeeds): say which two releases met, before _C loads.
+from ._built_against import TORCH as _BUILT_AGAINST
+
+if torch.__version__.split("+")[0] != _BUILT_AGAINST.split("+")[0]:
+    raise ImportError(
+        f"torch_acme was compiled against PyTorch {_BUILT_AGAINST}, but this Python has "
+        f"PyTorch {torch.__version__}. Install torch=={_BUILT_AGAINST.split('+')[0]}, or "
+        f"rebuild torch_acme against {torch.__version__.split('+')[0]} "
+        f"(pip install --no-build-isolation .).")
+
+#< ch17 release-check
 #> ch00 load-runtime
 from . import _C
 from ._C import runtime  # the vendor runtime, driven directly (chapter 0)
