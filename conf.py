@@ -19,7 +19,8 @@ extensions = ["myst_nb", "sphinx_tabs.tabs", "sphinx_togglebutton", "acme_book",
               "acme_figures"]  # the index's pictures, from the stage snapshots
 root_doc = "docs/index"
 exclude_patterns = ["_build", ".nox", ".git", ".ci", "README.md", "tests", "csrc", "src",
-                    "tools", "**/.ipynb_checkpoints", ".pytest_cache"]
+                    "tools", "**/.ipynb_checkpoints", ".pytest_cache",
+                    "docs/_generated"]  # pages other pages include (tools/versions.py)
 
 html_theme = "sphinx_book_theme"
 html_title = "Out of Tree"

@@ -112,31 +112,51 @@ def conformance(session: nox.Session) -> None:
 
 # ---- the version matrix (chapter 17, docs/versions.md) ----
 
-# A second PyTorch release, with an environment and a build folder of its own.
-COMPAT_TORCH = "2.14.1"
-COMPAT_ENV = ROOT / ".nox" / f"torch-{COMPAT_TORCH}"
+# The releases besides the book's own (requirements.txt) that every stage must
+# build and pass on; tools/versions.py lists all of them, oldest first.
+def compat_releases() -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from tools.versions import RELEASES
+
+    pinned = next(line.split("==")[1].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
+                  if line.startswith("torch=="))
+    return [r for r in RELEASES if r != pinned]
 
 
 @nox.session
 def compat(session: nox.Session) -> None:
-    """Build every stage against torch 2.14.1 and run the whole test suite there."""
-    python = COMPAT_ENV / "bin" / "python"
+    """Build every stage against each other PyTorch release and run the whole suite there.
+
+    nox -s compat                          # every release in tools/versions.py but the book's
+    nox -s compat -- --release 2.14.1      # one of them; later arguments go to pytest
+    """
+    args = list(session.posargs)
+    releases = compat_releases()
+    if args[:1] == ["--release"]:
+        wanted = args[1]
+        if wanted not in releases:
+            session.error(f"--release {wanted}: not one of {', '.join(releases)} (tools/versions.py)")
+        releases, args = [wanted], args[2:]
     requirements = [line for line in (ROOT / "requirements.txt").read_text().splitlines()
                     if line.strip() and not line.startswith(("#", "torch=="))]
-    wanted = hashlib.sha256("\n".join([COMPAT_TORCH, *requirements]).encode()).hexdigest()
-    stamp = COMPAT_ENV / ".requirements-sha256"
-    if not python.exists():
-        session.run(sys.executable, "-m", "venv", str(COMPAT_ENV), external=True)
-    if not stamp.exists() or stamp.read_text() != wanted:
-        session.run(str(python), "-m", "pip", "install", "-q", f"torch=={COMPAT_TORCH}",
-                    *requirements, external=True)
-        stamp.write_text(wanted)
-    build_dir = ROOT / "_build" / f"torch-{COMPAT_TORCH}"
-    env = {"PATH": f"{COMPAT_ENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-           "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "ACME_BUILD_DIR": str(build_dir)}
-    session.run(str(python), "tools/build_stages.py", "--kernels", "--out", str(build_dir),
-                external=True, env=env)
-    session.run(str(python), "-m", "pytest", "tests", *session.posargs, external=True, env=env)
+    for release in releases:
+        # An environment and a build folder per release: a build serves one release only.
+        env_dir = ROOT / ".nox" / f"torch-{release}"
+        python = env_dir / "bin" / "python"
+        wanted = hashlib.sha256("\n".join([release, *requirements]).encode()).hexdigest()
+        stamp = env_dir / ".requirements-sha256"
+        if not python.exists():
+            session.run(sys.executable, "-m", "venv", str(env_dir), external=True)
+        if not stamp.exists() or stamp.read_text() != wanted:
+            session.run(str(python), "-m", "pip", "install", "-q", f"torch=={release}",
+                        *requirements, external=True)
+            stamp.write_text(wanted)
+        build_dir = ROOT / "_build" / f"torch-{release}"
+        env = {"PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+               "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "ACME_BUILD_DIR": str(build_dir)}
+        session.run(str(python), "tools/build_stages.py", "--kernels", "--out", str(build_dir),
+                    external=True, env=env)
+        session.run(str(python), "-m", "pytest", "tests", "-n", "2", *args, external=True, env=env)
 
 
 # ---- reliability: sanitizers and differential fuzzing ----

@@ -1,0 +1,57 @@
+"""docs/versions.md's generated half (tools/versions.py): the page is what the
+recorded facts render to, the facts of the running release are what its headers
+and sources say today, and the header parser reads what a backend must see."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from tools import versions
+
+
+def test_page_is_rendered_from_the_recorded_facts():
+    facts = json.loads(versions.FACTS.read_text())
+    assert list(facts) == versions.RELEASES
+    assert versions.PAGE.read_text() == versions.render(facts) + "\n", \
+        "stale: run python tools/versions.py --write"
+
+
+def test_recorded_facts_of_the_running_release_are_current():
+    release = torch.__version__.split("+")[0]
+    assert release in versions.RELEASES
+    recorded = json.loads(versions.FACTS.read_text())[release]
+    assert versions.facts(release, python=sys.executable) == recorded
+
+
+def test_header_parser_sees_virtual_members_by_their_types(tmp_path):
+    header = tmp_path / "iface.h"
+    header.write_text("""
+    struct TORCH_API Other { virtual void f() = 0; };
+    struct C10_API Iface : public Base {
+      // a comment with virtual void fake();
+      virtual ~Iface() = default;
+      virtual void a(int device /*unused*/) const = 0;
+      virtual bool b([[maybe_unused]] const c10::Storage& s, size_t n = 4) const { return true; }
+      void not_virtual();
+     private:
+      virtual std::pair<size_t, size_t> c(
+          c10::DeviceIndex) override;
+    };""")
+    members = versions.cpp_members(tmp_path, "iface.h", "Iface", "virtual")
+    assert members == {
+        "~Iface": ["~Iface() = default"],
+        "a": ["void a(int) const = 0"],
+        "b": ["bool b(const c10::Storage&, size_t = 4) const"],
+        "c": ["std::pair<size_t, size_t> c(c10::DeviceIndex)"],
+    }
+    other = dict(members, a=["void a(int, int) const = 0"])
+    rows = versions.compare({"C++": {"DeviceGuardImplInterface": members}, **_empty()},
+                            {"C++": {"DeviceGuardImplInterface": other}, **_empty()})
+    assert [r[:3] for r in rows] == [("DeviceGuardImplInterface", "a", "changed")]
+
+
+def _empty() -> dict:
+    return {"torch.accelerator": {}, "registration points": {}, "device module attributes": {}}
