@@ -152,6 +152,11 @@ def _differs(test, actual, expected, what: str) -> Exception:
     return Close(what)
 
 
+def _device_error(error: Exception, sample, what: str = "") -> DeviceError:
+    first = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+    return DeviceError(f"{type(error).__name__}: {first} ({what}the CPU ran {_describe(sample)})")
+
+
 def _arguments(sample):
     """The sample's tensors after a run (what the op may have written)."""
     return [x for x in tree_flatten((sample.input, sample.args, sample.kwargs))[0]
@@ -347,8 +352,7 @@ class TestConformance(TestCase):
             try:
                 acme_in, acme_out = _run(op, sample, device)
             except Exception as e:
-                raise DeviceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]} "
-                                  f"(the CPU ran {_describe(sample)})") from e
+                raise _device_error(e, sample) from e
             ran += 1
             if op.name in UNINITIALISED:
                 self._check_uninitialised(cpu_out, acme_out, sample)
@@ -381,8 +385,7 @@ class TestConformance(TestCase):
             try:
                 acme_grads, _ = self._grads(op, sample, device, cotangents)
             except Exception as e:
-                raise DeviceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]} "
-                                  f"(backward; the CPU ran {_describe(sample)})") from e
+                raise _device_error(e, sample, "backward; ") from e
             ran += 1
             try:
                 self.assertEqual(_to_cpu(acme_grads), cpu_grads)
@@ -509,8 +512,7 @@ class TestConformance(TestCase):
             try:
                 acme = self._gradgrads(op, sample, device)
             except Exception as e:
-                raise DeviceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]} "
-                                  f"(second derivative; the CPU ran {_describe(sample)})") from e
+                raise _device_error(e, sample, "second derivative; ") from e
             ran += 1
             try:
                 self.assertEqual(_to_cpu(acme), cpu)
