@@ -3,8 +3,8 @@
     python tools/versions.py            # the facts of every release, read from its environment
     python tools/versions.py --write    # and write them and the page docs/versions.md includes
 
-Each release in RELEASES is read from an environment of its own (ENVS says
-where): the C++ interfaces from its installed headers (every virtual method of
+Each release in RELEASES is read from an environment of its own (python_for
+says where): the C++ interfaces from its installed headers (every virtual method of
 the classes a backend derives from, or the members of the registries it calls),
 and the Python side from its sources and a run (the attributes PyTorch reads
 from a device module, torch.accelerator's functions, the Inductor and Dynamo
@@ -30,9 +30,9 @@ PAGE = GENERATED / "versions-changes.md"   # rendered from FACTS; docs/versions.
 
 # The releases the book has met, oldest first; the last is the book's.
 RELEASES = ["2.13.0", "2.14.1", "2.15.0"]
-# Where each release's Python lives: ACME_TORCH_<release with underscores> names
-# a Python, else .nox/torch-<release> (nox -s compat), else the book's own env.
-ENVS = {"default": ROOT / ".nox" / "acme" / "bin" / "python"}
+# Where each release's Python lives (python_for): ACME_TORCH_<release with
+# underscores> names one, else .nox/torch-<release> (nox -s compat), else the book's.
+BOOK_PYTHON = ROOT / ".nox" / "acme" / "bin" / "python"
 
 # (what the page calls it, header under torch/include, C++ class, which members)
 CPP = [
@@ -106,7 +106,7 @@ def python_for(release: str) -> Path:
     if named:
         return Path(named)
     compat = ROOT / ".nox" / f"torch-{release}" / "bin" / "python"
-    return compat if compat.exists() else ENVS["default"]
+    return compat if compat.exists() else BOOK_PYTHON
 
 
 # ---- C++: the members of a class, from its header ----
@@ -141,9 +141,6 @@ def declarations(body: str) -> list[str]:
             depth += 1
         elif c == "}":
             depth -= 1
-            if depth == 0 and not current:
-                # after an inline body, a stray ';' may follow
-                pass
         elif depth == 0:
             if c == ";":
                 out.append("".join(current))
