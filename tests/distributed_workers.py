@@ -25,6 +25,11 @@ DEVICE = torch_acme.DEVICE_NAME
 
 def init(rank: int, world: int, port: int, backend=None, seconds: float = 60) -> torch.device:
     torch.accelerator.set_device_index(rank)
+    # The store on `port` is hosted by the test (tools/rendezvous.py). From
+    # PyTorch 2.14 a rank joins it as a client only if it is the agent's store,
+    # MASTER_ADDR:MASTER_PORT; for any other port rank 0 would try to serve it
+    # (EADDRINUSE). init_forms makes three groups, each on a store of its own.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=seconds))
     return torch.device(DEVICE, rank)
