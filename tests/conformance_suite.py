@@ -234,6 +234,14 @@ def _same_strides(a: torch.Tensor, c: torch.Tensor) -> bool:
     return a.shape == c.shape and all(sa == sc for n, sa, sc in zip(c.shape, a.stride(), c.stride()) if n > 1)
 
 
+def _check_strides(cpu_out, acme_out, where: str, only=lambda t: True) -> None:
+    """Every strided output tensor (those `only` picks) strided as on the CPU."""
+    for a, c in zip(tree_flatten(acme_out)[0], tree_flatten(cpu_out)[0]):
+        if (isinstance(c, torch.Tensor) and c.layout == torch.strided and only(c)
+                and not _same_strides(a, c)):
+            raise Mismatch(f"output strides {a.stride()} on {DEVICE}, {c.stride()} on the CPU {where}")
+
+
 def _map_tensors(sample, fn):
     """The sample with `fn` applied to each tensor argument (input, args, kwargs)."""
     def each(x):
@@ -422,13 +430,15 @@ class TestConformance(TestCase):
     # rarely hold, the classes PyTorch's device-generic tests found differences in.
 
     def _compare_outcomes(self, op, sample, what, uninitialised=False):
+        """Runs the sample on both; None when the CPU raised (and acme did too),
+        else the two outputs (CPU, acme), once their values have been compared."""
         cpu = _outcome(op, sample, "cpu")
         acme = _outcome(op, sample, DEVICE)
         if cpu[0] == "raised":
             if acme[0] == "ok":
                 raise Mismatch(f"{what}: the CPU raised {cpu[1]}, {DEVICE} returned a result: "
                                f"{_describe(sample)}")
-            return False
+            return None
         if acme[0] == "raised":
             raise DeviceError(f"{what}: {DEVICE} raised {acme[1]} (the CPU ran {_describe(sample)})")
         if uninitialised or op.name in UNINITIALISED:
@@ -437,11 +447,10 @@ class TestConformance(TestCase):
             try:
                 self.assertEqual(_to_cpu(acme[1]), _to_cpu(cpu[1]), exact_device=False)
             except AssertionError as e:
-                if self._is_random(op, sample):
-                    return True
-                raise _differs(self, _to_cpu(acme[1]), _to_cpu(cpu[1]),
-                               f"{what}: {_describe(sample)}\n{e}") from None
-        return True
+                if not self._is_random(op, sample):
+                    raise _differs(self, _to_cpu(acme[1]), _to_cpu(cpu[1]),
+                                   f"{what}: {_describe(sample)}\n{e}") from None
+        return cpu[1], acme[1]
 
     @ops(op_db, dtypes=OpDTypes.supported, allowed_dtypes=(torch.float32, torch.complex64))
     def test_extremal(self, device, dtype, op):
@@ -452,7 +461,7 @@ class TestConformance(TestCase):
         for sample in _samples(op, dtype, requires_grad=False):
             if not any(t.is_floating_point() or t.is_complex() for t in _tensor_args(sample)):
                 continue
-            ran += self._compare_outcomes(op, _map_tensors(sample, _extremal), "extremal values")
+            ran += self._compare_outcomes(op, _map_tensors(sample, _extremal), "extremal values") is not None
         if not ran:
             raise unittest.SkipTest("the CPU raised on every extremal sample, or none has a float input")
 
@@ -465,8 +474,9 @@ class TestConformance(TestCase):
             if len(_tensor_args(sample)) != 1 or not isinstance(sample.input, torch.Tensor):
                 continue
             for dim in sorted({0, -1} if sample.input.dim() > 1 else {0}):
-                ran += self._compare_outcomes(op, _map_tensors(sample, lambda x: _emptied(x, dim)),
-                                              f"dimension {dim} emptied", uninitialised=op.name in GROWS)
+                outputs = self._compare_outcomes(op, _map_tensors(sample, lambda x: _emptied(x, dim)),
+                                                 f"dimension {dim} emptied", uninitialised=op.name in GROWS)
+                ran += outputs is not None
         if not ran:
             raise unittest.SkipTest("the CPU raised on every emptied sample, or none has one tensor")
 
@@ -478,16 +488,13 @@ class TestConformance(TestCase):
             if not any(t.dim() in (4, 5) for t in _tensor_args(sample)):
                 continue
             sample = _map_tensors(sample, _channels_last)
-            if not self._compare_outcomes(op, sample, "channels-last inputs"):
+            outputs = self._compare_outcomes(op, sample, "channels-last inputs")
+            if outputs is None:
                 continue
             ran += 1
             if op.name in UNINITIALISED or self._is_random(op, sample):
                 continue
-            cpu, acme = _run(op, sample, "cpu")[1], _run(op, sample, DEVICE)[1]
-            for a, c in zip(tree_flatten(acme)[0], tree_flatten(cpu)[0]):
-                if isinstance(c, torch.Tensor) and c.layout == torch.strided and not _same_strides(a, c):
-                    raise Mismatch(f"output strides {a.stride()} on {DEVICE}, {c.stride()} on the CPU "
-                                   f"for channels-last inputs: {_describe(sample)}")
+            _check_strides(*outputs, f"for channels-last inputs: {_describe(sample)}")
         if not ran:
             raise unittest.SkipTest("no sample has a 4-D or 5-D input the CPU runs")
 
@@ -573,11 +580,8 @@ class TestConformance(TestCase):
                 ran += 1
                 where = f"{module_input.desc or 'default input'}, channels_last={channels_last}"
                 # The memory format too (group norm's output, channels-last in): strides as the CPU's.
-                for a, c in zip(tree_flatten(acme[0])[0], tree_flatten(cpu[0])[0]):
-                    if isinstance(c, torch.Tensor) and c.dim() in (4, 5) and c.numel() > 1:
-                        if not _same_strides(a, c):
-                            raise Mismatch(f"output strides {a.stride()} on {DEVICE}, {c.stride()} "
-                                           f"on the CPU: {where}")
+                _check_strides(cpu[0], acme[0], f"({where})",
+                               only=lambda t: t.dim() in (4, 5) and t.numel() > 1)
                 try:
                     self.assertEqual(_to_cpu(acme), cpu)
                 except AssertionError as e:
