@@ -171,6 +171,17 @@ RECIPES = {
     "aten::binary_cross_entropy":
         lambda t: F.binary_cross_entropy(torch.sigmoid(t(3, 4)), t(3, 4) - 0.5),
 }
+# New in PyTorch 2.14, in CUDA's list (fp32) from then on: the square root of a
+# symmetric positive-definite matrix. Built from one input without rounding
+# (each sum adds zeros, 8x is exact): symmetric, and diagonally dominant.
+def _sqrth(t):
+    x = t(3, 3)
+    low = torch.tril(x, -1)
+    return torch.linalg.matrix_sqrth(low + low.mT + torch.diag_embed(8 * torch.diagonal(x)))
+
+
+if hasattr(torch.linalg, "matrix_sqrth"):
+    RECIPES["aten::linalg_matrix_sqrth"] = _sqrth
 
 # Two ops of CUDA's list have kernels on CUDA and acme but none on the CPU:
 # the reference computes them as their definitions do.

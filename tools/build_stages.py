@@ -164,10 +164,13 @@ def write_ninja(graph: Graph, flags: dict[str, list[str]], sanitize: bool = Fals
         *(f"{rule}_flags = {' '.join(f)}" for rule, f in flags.items()),
         "",
     ]
+    # -MD, not -MMD: the depfile lists the system headers too (torch's come in
+    # with -isystem), so reinstalling PyTorch in the environment rebuilds every
+    # object and precompiled header that read its headers.
     for rule in ("runtime", "torch", "kineto", "python"):
         lines += [
             f"rule cxx_{rule}",
-            f"  command = $cxx $base -I$csrc ${rule}_flags $pch -MMD -MF $out.d -c $in -o $out",
+            f"  command = $cxx $base -I$csrc ${rule}_flags $pch -MD -MF $out.d -c $in -o $out",
             "  depfile = $out.d",
             "  deps = gcc",
             f"  description = CXX ({rule}) $in",
@@ -195,7 +198,7 @@ def write_ninja(graph: Graph, flags: dict[str, list[str]], sanitize: bool = Fals
         write_if_changed(header, "".join(f"#include <{h}>\n" for h in PCH_HEADERS[rule]))
         lines += [
             f"rule pch_{rule}",
-            f"  command = $cxx $base ${rule.removeprefix('cxx_')}_flags -x c++-header -MMD"
+            f"  command = $cxx $base ${rule.removeprefix('cxx_')}_flags -x c++-header -MD"
             " -MF $out.d $in -o $out",
             "  depfile = $out.d",
             "  deps = gcc",

@@ -6,7 +6,10 @@ the ranks bind it (a test once died with EADDRINUSE that way). A TCPStore made
 with port 0 listens on the port the kernel picked and keeps it. The process
 that makes it hosts the store for the ranks, as torchrun's agent does: with
 TORCHELASTIC_USE_AGENT_STORE=True, every rank, rank 0 included, joins it as a
-client through init_process_group's env:// or tcp:// rendezvous.
+client through init_process_group's env:// or tcp:// rendezvous. From PyTorch
+2.14 the flag holds only for the store at MASTER_ADDR:MASTER_PORT (for any
+other address rank 0 tries to serve it and fails with EADDRINUSE), so a rank
+joining a second hosted store points MASTER_PORT at it first.
 
     with hosted_stores() as (ports, env):
         start the ranks with env (MASTER_ADDR, MASTER_PORT and the agent flag)

@@ -5,6 +5,7 @@
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <iterator>
@@ -28,9 +29,17 @@ constexpr auto kAcme = c10::DeviceType::PrivateUse1;
 #define ACME_FP32(...) X(fp32, __VA_ARGS__)
 #define ACME_FP32_SET_OPT_DTYPE(...) X(fp32_set_opt_dtype, __VA_ARGS__)
 #define ACME_PROMOTE(...) X(promote, __VA_ARGS__)
+// CUDA's registration also names a few ops one by one, outside those lists.
+// PyTorch 2.14 added one that way: linalg_matrix_sqrth, new in 2.14, in float32.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#define ACME_FORALL_FP32_ONE_BY_ONE(_) _(linalg_matrix_sqrth)
+#else
+#define ACME_FORALL_FP32_ONE_BY_ONE(_)
+#endif
 #define ACME_FORALL_POLICIES                            \
   AT_FORALL_LOWER_PRECISION_FP(ACME_LOWER_PRECISION_FP) \
   AT_FORALL_FP32(ACME_FP32)                             \
+  ACME_FORALL_FP32_ONE_BY_ONE(ACME_FP32)                \
   AT_FORALL_FP32_SET_OPT_DTYPE(ACME_FP32_SET_OPT_DTYPE) \
   AT_FORALL_PROMOTE(ACME_PROMOTE)
 // norm's overloads without a dtype= redispatch to the overload with one

@@ -1,7 +1,7 @@
 //@ ch14
-// Two places where PyTorch 2.13 treats a PrivateUse1 device differently from
-// CUDA, found by running PyTorch's own OpInfo and ModuleInfo samples on acme
-// (chapter 14). Neither raised an error: both were silently wrong.
+// Places where PyTorch (2.13 to 2.15) treats a PrivateUse1 device differently
+// from CUDA, found by running PyTorch's own OpInfo and ModuleInfo samples on
+// acme (chapter 14). None raised an error: each was silently wrong.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
 //> ch14 pixel-shuffle-include

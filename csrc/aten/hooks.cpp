@@ -117,7 +117,7 @@ struct AcmeHooks final : at::PrivateUse1HooksInterface {
 //< ch11 hooks-memory
 //> ch05 hooks-generator
 
-  // The current route for random numbers (PyTorch 2.13): default and new
+  // The current route for random numbers (PyTorch 2.13 to 2.15): default and new
   // generators come from the hooks.
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device) const override {
     return default_generator(device);

@@ -4,7 +4,7 @@
 //
 // It is registered as PrivateUse1's at::HostAllocator too, the interface
 // torch.accelerator.empty_host_cache() and the host statistics go through (with
-// none registered, empty_host_cache() crashes the process in PyTorch 2.13).
+// none registered, empty_host_cache() crashes the process up to PyTorch 2.14).
 #include "aten/pinned_memory.h"
 
 #include <ATen/core/CachingHostAllocator.h>
@@ -55,7 +55,7 @@ constexpr auto kAcme = c10::DeviceType::PrivateUse1;  // prints as the device's 
 //   bool record_event(void*, void*, c10::Stream) override { return true; }
 //   void empty_cache() override {}
 //
-//   // No PyTorch 2.13 API asks a PrivateUse1 host allocator for these; a plain
+//   // No PyTorch API (2.13 to 2.15) asks a PrivateUse1 host allocator for these; a plain
 //   // allocator keeps no statistics (chapter 12's caching allocator does).
 //   at::HostStats get_stats() override { no_statistics(); }
 //   void reset_accumulated_stats() override { no_statistics(); }

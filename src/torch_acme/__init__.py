@@ -73,6 +73,12 @@ torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True,
     unsupported_dtype=UNSUPPORTED_DTYPES)
 #< ch09 generated-methods
+#> ch14 mixed-precision
+# Precision PyTorch's Python picks by device type: acme answers as CUDA.
+from . import mixed_precision
+
+mixed_precision.install()
+#< ch14 mixed-precision
 #> ch15 python-ops
 # Operators defined in Python (torch.ops.acme.swiglu): after the rename, so
 # their device kernels register under the device's name.

@@ -5,7 +5,7 @@ When torch.compile meets activation checkpointing around a random op (dropout),
 AOTAutograd recomputes the op in backward and must draw the same numbers: it
 wraps the forward op in `run_and_save_rng_state` (keep the generator's state,
 then run) and the recomputation in `run_with_rng_state` (run from that state).
-PyTorch 2.13 implements these two operators for cpu, cuda, hpu and xpu only,
+PyTorch (2.13 to 2.15) implements these two operators for cpu, cuda, hpu and xpu only,
 picking by device type from a table a backend cannot extend; on any other
 device tracing stops with "Backend not supported for acme". So acme adds its
 own implementations: a kernel for its dispatch key, and a wrapper in front of

@@ -149,7 +149,7 @@ def __getattr__(name: str):
 def get_amp_supported_dtype() -> list:
     """The dtypes ``torch.autocast`` accepts for acme devices.
 
-    PyTorch 2.13 asks the device module for exactly this and nothing else; the
+    PyTorch (2.13 to 2.15) asks the device module for exactly this and nothing else; the
     list comes from the same C++ table the autocast kernels check against.
     """
     import torch

@@ -238,7 +238,7 @@ class AcmeDeviceOpOverrides(DeviceOpOverrides):
 
 
 # ---- Inductor's settings for graphs on acme ----
-# Inductor 2.13 tells its C++ code generator from the others by asking whether
+# Inductor (2.13 to 2.15) tells its C++ code generator from the others by asking whether
 # the device type is "cpu", in many places. acme uses that generator under
 # another name, so its graphs compile with the settings that make those places
 # answer as they do for the CPU (chapter 20 lists them; pytorch#189137 is the
@@ -287,8 +287,8 @@ def compile_fx(model, example_inputs, *args, config_patches=None, **kwargs):
     if not getattr(_inside, "patched", False) and _on_acme(model, example_inputs):
         if _uses_streams(model):
             # Dynamo records streams, events and synchronize in the graph, but
-            # Inductor 2.13 writes the code that switches streams for GPUs only
-            # (device_need_guard): acme kernels would name undefined streams or
+            # Inductor (2.13 to 2.15) writes the code that switches streams for
+            # GPUs only (device_need_guard): acme kernels would name undefined streams or
             # run before work they must follow. Run such graphs as AOTAutograd
             # traced them, without Inductor's kernels.
             warnings.warn(f"{DEVICE_NAME}: a compiled graph uses streams, events or "

@@ -3,7 +3,7 @@
 
 PyTorch's opcheck runs four tests. Three of them work for any device; the
 fourth, ``test_autograd_registration``, raises NotImplementedError for devices
-other than CPU, CUDA and XPU (PyTorch 2.13). This module runs the three and
+other than CPU, CUDA and XPU (PyTorch 2.13 to 2.15). This module runs the three and
 checks the fourth itself, against acme's autograd key.
 """
 
