@@ -6,9 +6,10 @@ and bf16 inputs in float32 on CUDA (sm80 and later) and on the CPU, and in the
 input's own dtype on any other device: it asks
 `LinearCrossEntropyOptions._resolve_auto_acc_dtype`, which knows "cuda" and
 "cpu" only (PyTorch 2.13 to 2.15). On 2.15 a bf16 loss of PyTorch's own
-samples came out 2.6 % from the CPU's on acme, with no error. acme's matrix products accumulate in
-float32, as CUDA's do, so acme answers as CUDA does. Private PyTorch API, no
-registration point: upstream is the right home for a per-device answer.
+samples came out 2.6 % from the CPU's on acme, with no error. acme's matrix
+products accumulate in float32, as CUDA's do, so acme answers as CUDA does.
+Private PyTorch API, no registration point: upstream is the right home for a
+per-device answer.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ def install() -> None:
     except ImportError:  # a release without the chunked path: nothing to answer
         return
     pytorch_answer = LinearCrossEntropyOptions._resolve_auto_acc_dtype
-    if getattr(pytorch_answer, "acme_wrapped", False):
-        return
 
     def resolve_auto_acc_dtype(dtype, device):
         if (device is not None and torch.device(device).type == DEVICE_NAME
@@ -33,5 +32,4 @@ def install() -> None:
             return torch.float32
         return pytorch_answer(dtype, device)
 
-    resolve_auto_acc_dtype.acme_wrapped = True
     LinearCrossEntropyOptions._resolve_auto_acc_dtype = staticmethod(resolve_auto_acc_dtype)
