@@ -95,11 +95,12 @@ class Graph:
 
     def object_for(self, stage_dir: Path, source: Path, rule: str) -> Path:
         # The include root differs per stage but is not part of the identity:
-        # the content of every project header the TU reads is.
+        # the content of every project header the TU reads is (its code only,
+        # when it holds nothing but declarations: see identity_text).
         digest = hashlib.sha256(rule.encode())
         for path in [source, *self.header_closure(stage_dir, source)]:
             digest.update(path.relative_to(stage_dir).as_posix().encode() + b"\0")
-            digest.update(path.read_bytes())
+            digest.update(identity_text(path))
         obj = self.out / "obj" / f"{source.stem}-{digest.hexdigest()[:16]}.o"
         if obj not in self.objects:
             read = set()
@@ -108,6 +109,34 @@ class Graph:
             pch = self.precompile and set(PCH_HEADERS.get(rule, ["-"])) <= read
             self.objects[obj] = (rule, source, stage_dir / "csrc", pch)
         return obj
+
+
+_TOKENS = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+# Code in a header (a function body, a macro call at file scope) would bring
+# the header's own line numbers into the object (__LINE__ in TORCH_CHECK, say).
+_CODE = re.compile(r"\)\s*(?:const\s*)?(?:noexcept\s*)?(?:override\s*)?(?:->[^{;]*)?\{"
+                   r"|^\s*[A-Z][A-Z0-9_]{2,}\s*\(|__LINE__|__builtin_LINE|source_location", re.M)
+_DIRECTIVE = re.compile(r"^\s*#")
+
+
+def identity_text(path: Path) -> bytes:
+    """What of a file decides the object compiled from it.
+
+    A source file, or a header with code in it: every byte. A header that only
+    declares (the vendor runtime's C API is one): its text without comments and
+    blank lines. With -g0 an object does not record where a declaration stood,
+    so a chapter that only adds or rewrites comments in such a header (chapter
+    12 documents two settings in acme_runtime.h) recompiles nothing that reads it.
+    """
+    data = path.read_bytes()
+    text = data.decode()
+    if path.suffix != ".h" or 'R"' in text:
+        return data
+    # Comments become a space, as the preprocessor makes them; strings stay whole.
+    code = _TOKENS.sub(lambda m: " " if m.group().startswith("/") else m.group(), text)
+    if _CODE.search("\n".join(line for line in code.splitlines() if not _DIRECTIVE.match(line))):
+        return data
+    return "\n".join(line.strip() for line in code.splitlines() if line.strip()).encode()
 
 
 def package_dir(out: Path, number: int) -> Path:
