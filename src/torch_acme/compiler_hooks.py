@@ -6,7 +6,9 @@ generator (inductor.py). Both import the compiler, which costs about a second:
 more than `import torch_acme` costs in all, and a price scripts that never
 compile should not pay. So nothing registers at import; each registration runs
 right after the compiler module it extends has loaded. PyTorch has no "on load"
-callback for this: an import hook (a finder on sys.meta_path) is one.
+callback for Dynamo (2.15 added one for Inductor, `_inductor_backend_init` on the
+device module; 2.13 and 2.14 have neither): an import hook (a finder on
+sys.meta_path) serves both, on every release.
 """
 
 from __future__ import annotations
