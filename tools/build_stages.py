@@ -129,9 +129,9 @@ def identity_text(path: Path) -> bytes:
     12 documents two settings in acme_runtime.h) recompiles nothing that reads it.
     """
     data = path.read_bytes()
-    text = data.decode()
-    if path.suffix != ".h" or 'R"' in text:
+    if path.suffix != ".h" or b'R"' in data:
         return data
+    text = data.decode()
     # Comments become a space, as the preprocessor makes them; strings stay whole.
     code = _TOKENS.sub(lambda m: " " if m.group().startswith("/") else m.group(), text)
     if _CODE.search("\n".join(line for line in code.splitlines() if not _DIRECTIVE.match(line))):
