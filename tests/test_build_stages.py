@@ -16,9 +16,10 @@ ACME_API acmeError_t acmeFree(void* p);
 ACME_API const char* acmeName(void); /* "acme // A1" below is a string */
 static const char* const kName = "acme // A1";
 """
+SOURCE = '#include "runtime/api.h"\nint f() { return 1; }\n'
 
 
-def stage(root: Path, header: str, source: str = '#include "runtime/api.h"\nint f() { return 1; }\n') -> Path:
+def stage(root: Path, header: str, source: str = SOURCE) -> Path:
     (root / "csrc" / "runtime").mkdir(parents=True)
     (root / "csrc" / "runtime" / "api.h").write_text(header)
     (root / "csrc" / "aten").mkdir()
@@ -44,10 +45,11 @@ def test_comments_in_a_declaration_only_header_do_not_rebuild(tmp_path):
 
 
 def test_code_changes_rebuild(tmp_path):
-    for case, changed in enumerate((DECLARATIONS.replace("acmeErrorX = 1", "acmeErrorX = 1, acmeErrorY = 2"),
-                    DECLARATIONS + "ACME_API acmeError_t acmeInit(void);\n",
-                    # a string that looks like a comment is code
-                    DECLARATIONS.replace('"acme // A1"', '"acme // A2"'))):
+    changes = (DECLARATIONS.replace("acmeErrorX = 1", "acmeErrorX = 1, acmeErrorY = 2"),
+               DECLARATIONS + "ACME_API acmeError_t acmeInit(void);\n",
+               # a string that looks like a comment is code
+               DECLARATIONS.replace('"acme // A1"', '"acme // A2"'))
+    for case, changed in enumerate(changes):
         first, second = object_names(tmp_path / str(case), DECLARATIONS, changed)
         assert first != second, changed
 
@@ -55,16 +57,16 @@ def test_code_changes_rebuild(tmp_path):
 def test_a_header_with_code_keeps_its_line_numbers(tmp_path):
     # An inline function's TORCH_CHECK records the header's own line: moving it
     # by a comment line changes the object.
-    with_code = DECLARATIONS + "inline int g(int x) {\n  TORCH_CHECK(x > 0, \"x\");\n  return x;\n}\n"
+    with_code = DECLARATIONS + 'inline int g(int x) {\n  TORCH_CHECK(x > 0, "x");\n  return x;\n}\n'
     first, second = object_names(tmp_path, with_code, "// one more line\n" + with_code)
     assert first != second
-    assert identity_text(tmp_path / "stage-1" / "csrc" / "runtime" / "api.h") == \
-        (tmp_path / "stage-1" / "csrc" / "runtime" / "api.h").read_bytes()
+    header = tmp_path / "stage-1" / "csrc" / "runtime" / "api.h"
+    assert identity_text(header) == header.read_bytes()
 
 
 def test_a_comment_in_a_source_file_rebuilds_it(tmp_path):
     # TORCH_LIBRARY_IMPL and TORCH_CHECK record the source's line numbers.
-    source = '#include "runtime/api.h"\nint f() { return 1; }\n'
-    first, _ = object_names(tmp_path / "a", DECLARATIONS, DECLARATIONS, source=source)
-    second, _ = object_names(tmp_path / "b", DECLARATIONS, DECLARATIONS, source="// moved\n" + source)
+    first, _ = object_names(tmp_path / "a", DECLARATIONS, DECLARATIONS)
+    second, _ = object_names(tmp_path / "b", DECLARATIONS, DECLARATIONS,
+                             source="// moved\n" + SOURCE)
     assert first != second
