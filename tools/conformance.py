@@ -38,6 +38,7 @@ STATUSES = ("pass", "close", "mismatch", "error", "crash", "harness", "cpu-unsup
 DTYPE_ORDER = ("float32", "float64", "float16", "bfloat16", "complex64", "int64", "uint8", "bool",
                "uint16", "uint32", "uint64")
 TEST_TIMEOUT = 300  # seconds one test may take before its worker is declared hung
+TESTS_PER_EXTRA_WORKER = 40  # a selection of more tests than this gets a second worker
 SUITE = ROOT / "tests" / "conformance_suite.py"
 
 
@@ -199,20 +200,25 @@ def run(stage: int = LAST, workers: int = 2, select: str | None = None, quick: b
         env["ACME_CONFORMANCE_SAMPLES"] = "1"
     logdir = Path(tempfile.mkdtemp(prefix="acme-conformance-"))
     started = time.perf_counter()
-    pool = [start_worker(stage, suite, env, logdir, i) for i in range(workers)]
+    # A whole run starts its workers together. A selection waits for the first
+    # worker's list of tests: a few tests do not pay for another worker's start
+    # (importing torch and its OpInfo database costs more than they take).
+    pool = [start_worker(stage, suite, env, logdir, i) for i in range(1 if select else workers)]
     ready = read_line(pool[0], 600)
     if ready is None:
         raise RuntimeError("the first worker did not start:\n" + pool[0].log.read_text()[-3000:])
     tests = json.loads(ready)["ready"]
-    for w in pool[1:]:
-        if read_line(w, 600) is None:
-            raise RuntimeError("a worker did not start:\n" + w.log.read_text()[-3000:])
     if quick:
         # float32 forward, modules and edge sweeps; second derivatives in float64.
         tests = [t for t in tests if parse(t)["kind"] != "backward" and (
             t.endswith("_float32") or (parse(t)["kind"] == "gradgrad" and t.endswith("_float64")))]
     if select:
         tests = [t for t in tests if re.search(select, t)]
+        wanted = min(workers, -(-len(tests) // TESTS_PER_EXTRA_WORKER))
+        pool += [start_worker(stage, suite, env, logdir, i) for i in range(1, wanted)]
+    for w in pool[1:]:
+        if read_line(w, 600) is None:
+            raise RuntimeError("a worker did not start:\n" + w.log.read_text()[-3000:])
     # The slow tests first, so that no worker is left with one at the end.
     tests.sort(key=lambda t: {"module": 0, "backward": 1, "gradgrad": 1}.get(parse(t)["kind"], 2))
     queue, run_ = list(reversed(tests)), Run()
