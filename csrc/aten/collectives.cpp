@@ -20,6 +20,7 @@
 
 #include "aten/acme_check.h"
 #include "aten/launch.h"
+#include "runtime/acme_comm.h"
 
 namespace acme {
 namespace {

@@ -35,6 +35,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/acme_comm.h"
 #include "runtime/internal.h"
 
 namespace {

@@ -517,21 +517,13 @@ const char* acmeGetErrorName(acmeError_t error) {
     case acmeErrorInvalidDevicePointer: return "acmeErrorInvalidDevicePointer";
     case acmeErrorHostAccessToDevice: return "acmeErrorHostAccessToDevice";
     case acmeErrorInitialization: return "acmeErrorInitialization";
-//> ch06 error-names
     case acmeErrorInvalidHandle: return "acmeErrorInvalidHandle";
     case acmeErrorDeviceMismatch: return "acmeErrorDeviceMismatch";
     case acmeErrorNotReady: return "acmeErrorNotReady";
-//< ch06 error-names
-//> ch11 init-error-names
     case acmeErrorNoDevice: return "acmeErrorNoDevice";
     case acmeErrorForkedChild: return "acmeErrorForkedChild";
-//< ch11 init-error-names
-//> ch18 launch-error-name
     case acmeErrorLaunchFailure: return "acmeErrorLaunchFailure";
-//< ch18 launch-error-name
-//> ch21 comm-error-name
     case acmeErrorCommFailure: return "acmeErrorCommFailure";
-//< ch21 comm-error-name
   }
   return "acmeErrorUnrecognized";
 }
@@ -545,21 +537,13 @@ const char* acmeGetErrorString(acmeError_t error) {
     case acmeErrorInvalidDevicePointer: return "invalid device pointer";
     case acmeErrorHostAccessToDevice: return "host access to device memory";
     case acmeErrorInitialization: return "invalid runtime configuration";
-//> ch06 error-strings
     case acmeErrorInvalidHandle: return "invalid stream or event handle";
     case acmeErrorDeviceMismatch: return "stream or event of another device";
     case acmeErrorNotReady: return "work not completed yet";
-//< ch06 error-strings
-//> ch11 init-error-strings
     case acmeErrorNoDevice: return "no acme device is present";
     case acmeErrorForkedChild: return "runtime used in a child of fork()";
-//< ch11 init-error-strings
-//> ch18 launch-error-string
     case acmeErrorLaunchFailure: return "a kernel failed while it ran";
-//< ch18 launch-error-string
-//> ch21 comm-error-string
     case acmeErrorCommFailure: return "the communicator failed";
-//< ch21 comm-error-string
   }
   return "unrecognized error code";
 }
