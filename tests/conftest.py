@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+import preforked
+
 ROOT = Path(__file__).resolve().parent.parent
 # ACME_BUILD_DIR lets several build folders coexist (e.g. one per engineer).
 BUILD = Path(os.environ.get("ACME_BUILD_DIR", ROOT / "_build")).resolve()
@@ -56,8 +58,8 @@ def stage_env(number: int, **extra: str) -> dict[str, str]:
 
 
 def run_in_stage(number: int, code: str, **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env=stage_env(number, **extra_env),
-                          capture_output=True, text=True, timeout=300)
+    """`code` in a new process against stage `number` (tests/preforked.py)."""
+    return preforked.python(["-c", code], stage_env(number, **extra_env))
 
 
 def pytest_addoption(parser):

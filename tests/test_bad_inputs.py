@@ -18,13 +18,13 @@ import importlib
 import os
 import re
 import subprocess
-import sys
 import textwrap
 import tomllib
 import traceback
 import warnings
 from pathlib import Path
 
+import preforked
 import pytest
 
 from conftest import LAST, stage_built, stage_path
@@ -163,8 +163,7 @@ def fresh_env(row: dict) -> dict[str, str]:
 
 
 def run_fresh(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return preforked.python(["-c", code], env, cwd)
 
 
 @pytest.mark.parametrize("row", by_process("fresh"), ids=lambda r: r["id"])

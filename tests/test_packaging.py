@@ -17,6 +17,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import preforked
 import pytest
 import torch
 
@@ -104,8 +105,7 @@ def test_rename_as_pytorch_documents_never_aborts(stage, order):
     device is used): it works, or it raises a Python exception that says why.
     Renaming after the import is not the documented order; it must still never
     abort the process."""
-    done = subprocess.run([sys.executable, "-c", RENAME, order], env=stage_env(stage),
-                          capture_output=True, text=True, timeout=300)
+    done = preforked.python(["-c", RENAME, order], stage_env(stage))
     assert done.returncode == 0, f"stage {stage} ({order}): exit {done.returncode}\n{done.stderr[-2000:]}"
     outcome = json.loads(done.stdout.strip().splitlines()[-1])
     if "error" in outcome:

@@ -12,10 +12,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import threading
 
+import preforked
 import pytest
 
 import torch_acme
@@ -72,8 +72,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
         p for p in [package_root, os.environ.get("PYTHONPATH", "")] if p)
     full_env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     full_env.update(env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
-                          capture_output=True, text=True, timeout=120)
+    return preforked.python(["-c", textwrap.dedent(code)], full_env, timeout=120)
 
 
 def run_json(code: str, **env: str):

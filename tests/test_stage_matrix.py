@@ -1,10 +1,9 @@
 """A stage has exactly the capabilities of the chapters up to it, no more."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import preforked
 import pytest
 
 from capability_probes import PROBES
@@ -25,8 +24,7 @@ def pytest_generate_tests(metafunc):
 
 def test_stage_has_exactly_its_chapters(stage):
     # A fresh process per stage: one PrivateUse1 backend per process.
-    proc = subprocess.run([sys.executable, str(PROBE_SCRIPT)], env=stage_env(stage),
-                          capture_output=True, text=True, timeout=300)
+    proc = preforked.python([str(PROBE_SCRIPT)], stage_env(stage))
     assert proc.returncode == 0, proc.stderr
     present = {int(k): v for k, v in json.loads(proc.stdout.splitlines()[-1]).items()}
     expected = {c["number"]: c["number"] <= stage for c in CHAPTERS}

@@ -1,0 +1,169 @@
+"""New Python processes for the tests, without an `import torch` in each.
+
+Many tests run a snippet against one stage in a new process (one PrivateUse1
+backend per process). Importing PyTorch's CUDA wheel costs each of them about
+2 CPU-seconds, more than most snippets take. `python()` runs the snippet in a
+child forked from a server that has imported torch and nothing of the book:
+the child takes the environment, working folder and sys.path it was given,
+then runs the snippet as `python -c` (or `python script.py`) would, and exits
+through Python's own shutdown. A DataLoader worker starts the same way.
+
+Only what cannot tell the difference is forked. The environment may differ
+from the server's in PYTHONPATH, ACME_* variables and a one-word
+PYTHONWARNINGS; anything else (TORCH_DEVICE_BACKEND_AUTOLOAD=1, TORCH_LOGS,
+...), which PyTorch or Python read when they start, gets a new interpreter,
+as do tests whose subject is `import torch` itself (they call subprocess).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+VARYING = ("PYTHONPATH", "PYTEST_CURRENT_TEST", "PYTHONWARNINGS")
+WARNING_ACTIONS = ("", "ignore", "error", "default", "always")
+
+SERVER = r"""
+import json, os, sys, types, warnings
+import torch  # what every child would import first: the cost paid once
+
+reply = sys.stdout
+print(json.dumps({"ready": os.getpid()}), file=reply, flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid:
+        print(json.dumps({"pid": pid}), file=reply, flush=True)
+        status = os.waitpid(pid, 0)[1]
+        print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), file=reply, flush=True)
+        continue
+    # The child. Its own process group, so a timeout stops what it starts too.
+    os.setsid()
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
+                            (1, job["stdout"], os.O_WRONLY | os.O_TRUNC),
+                            (2, job["stderr"], os.O_WRONLY | os.O_TRUNC)):
+        opened = os.open(path, flags)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.stdin = open(0, closefd=False)
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    script = job["script"]
+    sys.path[0] = os.path.dirname(os.path.abspath(script)) if script else ""
+    sys.path[1:1] = [p for p in job["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    if job["env"].get("PYTHONWARNINGS"):
+        warnings.simplefilter(job["env"]["PYTHONWARNINGS"])
+    sys.argv = job["argv"]
+    main = types.ModuleType("__main__")
+    if script:
+        main.__file__ = script
+    sys.modules["__main__"] = main
+    try:
+        exec(compile(job["code"], script or "<string>", "exec"), main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as error:
+        # Reported as the interpreter reports an uncaught exception, without this frame.
+        error = error.with_traceback(error.__traceback__.tb_next)
+        sys.excepthook(type(error), error, error.__traceback__)
+        sys.exit(1)
+    sys.exit(0)
+"""
+
+
+def server_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in VARYING}
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    return env
+
+
+class Server:
+    def __init__(self) -> None:
+        self.env = server_env()
+        self.process = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env=self.env, text=True,
+                                        bufsize=1)
+        self.folder = Path(tempfile.mkdtemp(prefix="acme-preforked-"))
+        if self.read(300) is None:
+            raise RuntimeError("the test process server did not start")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def read(self, timeout: float | None) -> dict | None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.process.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                return None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("the test process server died")
+        return json.loads(line)
+
+    def run(self, args: list[str], code: str, script: str | None, env: dict[str, str],
+            cwd: str, timeout: float) -> subprocess.CompletedProcess:
+        out, err = self.folder / "stdout", self.folder / "stderr"
+        out.write_bytes(b"")
+        err.write_bytes(b"")
+        job = {"code": code, "script": script, "argv": args, "env": env, "cwd": cwd,
+               "stdout": str(out), "stderr": str(err)}
+        self.process.stdin.write(json.dumps(job) + "\n")
+        self.process.stdin.flush()
+        pid = self.read(60)["pid"]
+        answer = self.read(timeout)
+        if answer is None:
+            os.killpg(pid, signal.SIGKILL)
+            self.read(60)
+            raise subprocess.TimeoutExpired([sys.executable, *args], timeout,
+                                            out.read_text(), err.read_text())
+        return subprocess.CompletedProcess([sys.executable, *args], answer["status"],
+                                           out.read_text(), err.read_text())
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.stdin.close()
+            self.process.wait(60)
+
+
+_server: Server | None = None
+_lock = threading.Lock()
+
+
+def forkable(args: list[str], env: dict[str, str]) -> bool:
+    if not args or not (args[0] == "-c" and len(args) > 1 or args[0].endswith(".py")):
+        return False
+    base = server_env()
+    differ = {k for k in set(env) | set(base) if env.get(k) != base.get(k)}
+    return (all(k in VARYING or k.startswith("ACME_") for k in differ)
+            and env.get("PYTHONWARNINGS", "") in WARNING_ACTIONS)
+
+
+def python(args: list[str], env: dict[str, str], cwd: str | Path | None = None,
+           timeout: float = 300) -> subprocess.CompletedProcess:
+    """`subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True,
+    text=True, timeout=timeout)`, forked from the server when nothing can tell."""
+    cwd = str(cwd or os.getcwd())
+    if not forkable(args, env):
+        return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout)
+    global _server
+    with _lock:
+        if _server is None or not _server.alive() or _server.env != server_env():
+            if _server is not None:
+                _server.stop()
+            _server = Server()
+            atexit.register(_server.stop)
+        if args[0] == "-c":
+            code, script, argv = args[1], None, ["-c", *args[2:]]
+        else:
+            code, script, argv = Path(args[0]).read_text(), args[0], list(args)
+        return _server.run(argv, code, script, env, cwd, timeout)
