@@ -21,6 +21,7 @@ import atexit
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,6 +133,7 @@ class Server:
         if self.alive():
             self.process.stdin.close()
             self.process.wait(60)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _server: Server | None = None
