@@ -64,7 +64,7 @@ def alloc():
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
-    """Runs `code` in a fresh interpreter with the ACME_* variables given (others removed)."""
+    """Runs `code` in a new process with the ACME_* variables given (others removed)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ACME_")}
     # Wherever this process found torch_acme, the child finds it too.
     package_root = os.path.dirname(os.path.dirname(torch_acme.__file__))

@@ -23,7 +23,7 @@ def pytest_generate_tests(metafunc):
 
 
 def test_stage_has_exactly_its_chapters(stage):
-    # A fresh process per stage: one PrivateUse1 backend per process.
+    # A new process per stage: one PrivateUse1 backend per process.
     proc = preforked.python([str(PROBE_SCRIPT)], stage_env(stage))
     assert proc.returncode == 0, proc.stderr
     present = {int(k): v for k, v in json.loads(proc.stdout.splitlines()[-1]).items()}

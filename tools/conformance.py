@@ -38,7 +38,7 @@ STATUSES = ("pass", "close", "mismatch", "error", "crash", "harness", "cpu-unsup
 DTYPE_ORDER = ("float32", "float64", "float16", "bfloat16", "complex64", "int64", "uint8", "bool",
                "uint16", "uint32", "uint64")
 TEST_TIMEOUT = 300  # seconds one test may take before its worker is declared hung
-TESTS_PER_EXTRA_WORKER = 40  # a selection of more tests than this gets a second worker
+TESTS_PER_EXTRA_WORKER = 40  # a selection gets a worker per 40 tests, up to `workers`
 SUITE = ROOT / "tests" / "conformance_suite.py"
 
 
