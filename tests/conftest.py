@@ -9,8 +9,10 @@ live in a process.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -72,25 +74,35 @@ def pytest_configure(config):
     if not stage_built(newest):
         raise pytest.UsageError(f"{stage_path(newest)} is not built: run `nox -s tests` (it builds every stage)")
     sys.path.insert(0, str(stage_path(newest)))
+    # When this session began, for the workers and the site's build too: a
+    # chapter run stored since then is this session's (chapter_runs.run_once).
+    os.environ.setdefault(SESSION_START, repr(time.time()))
 
 
+SESSION_START = "BOOK_TEST_SESSION_START"
 # The book is one unit of three files, in this order: the site is built from
-# what the other two leave in the build folder.
+# what the other two leave in the build folder. Its odd-numbered chapters are a
+# unit of their own, which the other worker runs meanwhile: a chapter is run
+# once in the session, by whichever process comes to it first, and the site
+# waits for one being run (tools/chapter_runs.py, run_once and locked).
 BOOK = ("/test_chapters.py", "/test_conformance.py", "/test_site.py")
+ODD_CHAPTER = re.compile(r"::test_chapter_runs_against_its_stage\[ch\d*[13579]-")
 # The vendor test builds the final stage from nothing with CMake: a unit of its own.
 VENDOR_TEST = "/test_packaging.py::test_vendor_copies_installs_and_renames_the_final_stage"
 # The longest units, longest first (a fresh clone's --durations, 2 workers):
 # each runs as soon as a worker is free, and the short files fill in at the end.
-LONGEST_FIRST = ("book", "vendor", "tests/test_packaging.py", "tests/test_stage_matrix.py",
-                 "tests/test_distributed.py", "tests/test_capstone.py",
-                 "tests/test_bad_inputs.py", "tests/test_runtime.py", "tests/test_threads.py")
+LONGEST_FIRST = ("book", "odd chapters", "vendor", "tests/test_packaging.py",
+                 "tests/test_stage_matrix.py", "tests/test_distributed.py",
+                 "tests/test_capstone.py", "tests/test_bad_inputs.py", "tests/test_runtime.py",
+                 "tests/test_threads.py")
 
 
 def work_unit(nodeid: str) -> str:
-    """What one pytest-xdist worker runs whole: a test file, the book, or the vendor test."""
+    """What one pytest-xdist worker runs whole: a test file, the book, its odd
+    chapters, or the vendor test."""
     path = nodeid.split("::", 1)[0]
     if path.endswith(BOOK):
-        return "book"
+        return "odd chapters" if ODD_CHAPTER.search(nodeid) else "book"
     return "vendor" if nodeid.endswith(VENDOR_TEST) else path
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
+import subprocess
+import sys
+import time
 
 import nbformat
 import pytest
 
-from conftest import CHAPTERS, stage_path
+from conftest import CHAPTERS, ROOT, stage_path
 from tools import chapter_runs
 
 FIRST = CHAPTERS[0]
@@ -63,3 +68,40 @@ def test_a_run_with_an_unexpected_error_is_not_kept():
     assert chapter_runs.misbehaving_cells(notebook) == ["cell did not run:\n1"]
     ok.execution_count, raised.outputs = 1, []  # a tagged cell that did not raise
     assert chapter_runs.misbehaving_cells(notebook) == ["cell expected to raise did not:\n1 / 0"]
+
+
+def test_a_chapter_runs_once_in_a_session(build, monkeypatch):
+    made = []
+
+    def execute(chapter):  # stands in for running the notebook
+        made.append(chapter["number"])
+        store(chapter, chapter_runs.key(chapter))
+        return chapter_runs.cached(chapter)
+
+    monkeypatch.setattr(chapter_runs, "execute", execute)
+    began = time.time()
+    store(FIRST, chapter_runs.key(FIRST))
+    os.utime(chapter_runs.stored(FIRST), (began - 60, began - 60))  # a run of an earlier session
+    chapter_runs.run_once(FIRST, began)
+    assert made == [0]
+    chapter_runs.run_once(FIRST, began)  # this session's run, made by another process
+    assert made == [0]
+    store(FIRST, "a key of other inputs")  # stored in this session, but stale
+    chapter_runs.run_once(FIRST, began)
+    assert made == [0, 0]
+
+
+def test_one_process_at_a_time_holds_a_chapter(build):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from tools import chapter_runs\n"
+         f"with chapter_runs.locked({FIRST!r}):\n"
+         "    print('held', flush=True); sys.stdin.readline()"],
+        cwd=ROOT, env=dict(os.environ), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    lock = chapter_runs.stored(FIRST).with_suffix(".lock")
+    with lock.open("w") as handle:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.communicate("\n", timeout=60)
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once the holder let go
+    assert holder.returncode == 0

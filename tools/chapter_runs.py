@@ -10,6 +10,8 @@ never reused: it is executed again.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -81,6 +83,33 @@ def cached(chapter: dict) -> nbformat.NotebookNode | None:
         return None
     notebook = nbformat.read(path, as_version=4)
     return notebook if notebook.metadata.get("acme_key") == key(chapter) else None
+
+
+@contextlib.contextmanager
+def locked(chapter: dict):
+    """Held while a chapter's stored run is read and made: two processes (the
+    test suite's two workers, or a worker and the site's build) never execute
+    the same chapter at once, and the second finds the first one's run."""
+    path = stored(chapter).with_suffix(".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run_once(chapter: dict, since: float) -> nbformat.NotebookNode:
+    """execute(), unless a current run was stored at or after `since` (the start
+    of this test session): then that run, which another process made."""
+    with locked(chapter):
+        path = stored(chapter)
+        if path.exists() and path.stat().st_mtime >= since:
+            run = cached(chapter)
+            if run is not None:
+                return run
+        return execute(chapter)
 
 
 def execute(chapter: dict) -> nbformat.NotebookNode:

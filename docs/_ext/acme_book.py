@@ -138,15 +138,17 @@ def run_chapters(app) -> None:
         if not chapter_runs.source(chapter).exists():
             raise ExtensionError(f"chapters.toml lists {chapter_runs.source(chapter).name}, "
                                  "which does not exist")
-        notebook = run = chapter_runs.cached(chapter)
-        if run is None:
-            LOGGER.info("executing %s (no current run)", chapter_runs.source(chapter).name)
-            try:
-                notebook = chapter_runs.execute(chapter)
-                run = chapter_runs.cached(chapter)  # None unless every cell behaved
-            except CellExecutionError as error:
-                LOGGER.warning("%s: a cell failed:\n%s", chapter_runs.source(chapter).name, error)
-                notebook = jupytext.read(chapter_runs.source(chapter))
+        with chapter_runs.locked(chapter):  # a test worker may be running it now
+            notebook = run = chapter_runs.cached(chapter)
+            if run is None:
+                LOGGER.info("executing %s (no current run)", chapter_runs.source(chapter).name)
+                try:
+                    notebook = chapter_runs.execute(chapter)
+                    run = chapter_runs.cached(chapter)  # None unless every cell behaved
+                except CellExecutionError as error:
+                    LOGGER.warning("%s: a cell failed:\n%s", chapter_runs.source(chapter).name,
+                                   error)
+                    notebook = jupytext.read(chapter_runs.source(chapter))
         key = run.metadata["acme_key"] if run is not None else chapter_runs.key(chapter)
         RUNS[chapter["number"]] = (key, run)
         download = out / f"{notebook_name(chapter)}.ipynb"
