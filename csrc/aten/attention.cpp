@@ -35,6 +35,7 @@
 
 #include "aten/device_views.h"
 #include "aten/generator.h"
+#include "aten/routed_ops.h"
 //> ch23 attention-on-stream-include
 #include <ATen/Parallel.h>
 #include <c10/util/accumulate.h>

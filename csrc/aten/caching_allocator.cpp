@@ -34,6 +34,7 @@
 
 #include "aten/acme_check.h"
 #include "aten/allocator.h"
+#include "aten/memory_snapshot.h"
 //> ch18 cache-launch-include
 #include "aten/launch.h"
 //< ch18 cache-launch-include

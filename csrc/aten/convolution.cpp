@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "aten/device_views.h"
+#include "aten/routed_ops.h"
 //> ch23 convolution-on-stream-include
 #include "aten/run_on_stream.h"
 //< ch23 convolution-on-stream-include

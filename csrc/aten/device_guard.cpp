@@ -13,6 +13,9 @@
 //< ch06 guard-includes
 
 #include "aten/acme_check.h"
+//> ch06 guard-streams-include
+#include "runtime/acme_streams.h"
+//< ch06 guard-streams-include
 
 namespace acme {
 namespace {

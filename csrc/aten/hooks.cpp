@@ -16,6 +16,7 @@
 #include <atomic>
 
 #include "aten/pinned_memory.h"
+#include "runtime/acme_device.h"
 //< ch11 hooks-includes
 #include "aten/acme_check.h"
 

@@ -12,6 +12,7 @@
 
 #include "aten/device_views.h"
 #include "aten/launch.h"
+#include "aten/routed_ops.h"
 
 namespace acme {
 namespace {

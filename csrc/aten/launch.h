@@ -10,7 +10,7 @@
 #include <functional>
 #include <utility>
 
-#include "runtime/acme_runtime.h"
+#include "runtime/acme_streams.h"
 
 namespace acme {
 

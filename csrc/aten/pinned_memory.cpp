@@ -17,6 +17,7 @@
 //< ch12 host-cache-includes
 
 #include "aten/acme_check.h"
+#include "runtime/acme_host.h"
 
 namespace acme {
 namespace {

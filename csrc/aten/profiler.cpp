@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "runtime/acme_activity.h"
+#include "runtime/acme_streams.h"
 
 namespace acme {
 namespace {

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "aten/device_views.h"
+#include "aten/routed_ops.h"
 
 namespace acme {
 namespace {

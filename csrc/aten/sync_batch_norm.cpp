@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "aten/device_views.h"
+#include "aten/routed_ops.h"
 
 namespace acme {
 namespace {

@@ -28,6 +28,7 @@
 
 #include "aten/device_views.h"
 #include "aten/index_checks.h"
+#include "aten/routed_ops.h"
 #include "aten/run_on_stream.h"
 
 namespace acme {

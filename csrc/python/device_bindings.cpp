@@ -8,7 +8,7 @@
 //> ch12 memory-bindings-include
 #include <ATen/core/CachingHostAllocator.h>
 
-#include "aten/allocator.h"
+#include "aten/memory_snapshot.h"
 //< ch12 memory-bindings-include
 
 void acme_bind_device(pybind11::module_& m) {

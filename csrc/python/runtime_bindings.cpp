@@ -8,6 +8,13 @@
 #include <utility>
 
 #include "runtime/acme_runtime.h"
+//> ch06 bindings-streams-include
+#include "runtime/acme_streams.h"
+//< ch06 bindings-streams-include
+//> ch11 bindings-device-include
+#include "runtime/acme_device.h"
+#include "runtime/acme_host.h"
+//< ch11 bindings-device-include
 //> ch19 bindings-activity-include
 #include "runtime/acme_activity.h"
 //< ch19 bindings-activity-include

@@ -9,7 +9,7 @@
 #ifndef ACME_COMM_H_
 #define ACME_COMM_H_
 
-#include "runtime/acme_runtime.h"
+#include "runtime/acme_streams.h"
 
 #ifdef __cplusplus
 extern "C" {

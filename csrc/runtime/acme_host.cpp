@@ -3,6 +3,8 @@
 // hardware they are page-locked so that the device's copy engines can reach
 // them; here they are ordinary host memory kept in a table, which is all it
 // takes to answer "is this pointer pinned?".
+#include "runtime/acme_host.h"
+
 #include <cinttypes>
 #include <cstdint>
 #include <cstdlib>

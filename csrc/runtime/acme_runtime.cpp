@@ -23,6 +23,12 @@
 //< ch11 fork-include
 
 #include "runtime/checked_memory.h"
+//> ch11 device-include
+#include "runtime/acme_device.h"
+//< ch11 device-include
+//> ch18 host-include
+#include "runtime/acme_host.h"
+//< ch18 host-include
 //> ch16 ipc-include
 #include "runtime/acme_ipc.h"
 //< ch16 ipc-include

@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/acme_runtime.h"
+#include "runtime/acme_streams.h"
 #include "runtime/internal.h"
 
 using acme::internal::enter;

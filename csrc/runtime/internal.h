@@ -4,7 +4,7 @@
 
 #include <functional>
 
-#include "runtime/acme_runtime.h"
+#include "runtime/acme_streams.h"
 //> ch19 internal-activity-include
 #include "runtime/acme_activity.h"
 //< ch19 internal-activity-include
