@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-import preforked
-
 ROOT = Path(__file__).resolve().parent.parent
 # ACME_BUILD_DIR lets several build folders coexist (e.g. one per engineer).
 BUILD = Path(os.environ.get("ACME_BUILD_DIR", ROOT / "_build")).resolve()
@@ -29,6 +27,8 @@ CHAPTERS = tomllib.loads((ROOT / "chapters" / "chapters.toml").read_text())["cha
 LAST = CHAPTERS[-1]["number"]
 
 sys.path.insert(0, str(ROOT))
+
+from tools import preforked  # noqa: E402
 
 
 def stage_dir(number: int) -> Path:
@@ -60,7 +60,7 @@ def stage_env(number: int, **extra: str) -> dict[str, str]:
 
 
 def run_in_stage(number: int, code: str, **extra_env: str) -> subprocess.CompletedProcess:
-    """`code` in a new process against stage `number` (tests/preforked.py)."""
+    """`code` in a new process against stage `number` (tools/preforked.py)."""
     return preforked.python(["-c", code], stage_env(number, **extra_env))
 
 

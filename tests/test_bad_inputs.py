@@ -24,10 +24,10 @@ import traceback
 import warnings
 from pathlib import Path
 
-import preforked
 import pytest
 
 from conftest import LAST, stage_built, stage_path
+from tools import preforked
 from tools.chapter_support import compiled_accelerator
 
 # The table describes the finished backend: with --upto before the last

@@ -17,12 +17,11 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-import preforked
 import pytest
 import torch
 
 from conftest import BUILD, CHAPTERS, LAST, ROOT, built_stages, stage_dir, stage_env, stage_path
-from tools import chapter_support, stage_readme
+from tools import chapter_support, preforked, stage_readme
 
 BUILD_OUTPUTS = ("*.so", "*.o", "_build_info.py", "build", "dist", "*.whl", "__pycache__")
 AUTOLOAD = stage_readme.AUTOLOAD

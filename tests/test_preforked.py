@@ -5,10 +5,10 @@ import os
 import subprocess
 import sys
 
-import preforked
 import pytest
 
 from conftest import LAST, stage_env
+from tools import preforked
 
 PROBE = """
 import os, sys

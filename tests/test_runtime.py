@@ -15,11 +15,12 @@ import subprocess
 import textwrap
 import threading
 
-import preforked
 import pytest
 
 import torch_acme
 from torch_acme import runtime
+
+from tools import preforked
 AcmeError, MemcpyKind = runtime.AcmeError, runtime.MemcpyKind
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30

@@ -3,11 +3,11 @@
 import json
 from pathlib import Path
 
-import preforked
 import pytest
 
 from capability_probes import PROBES
 from conftest import CHAPTERS, built_stages, stage_env
+from tools import preforked
 
 PROBE_SCRIPT = Path(__file__).with_name("capability_probes.py")
 

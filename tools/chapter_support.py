@@ -21,6 +21,11 @@ import textwrap
 import traceback
 from pathlib import Path
 
+try:
+    import preforked  # tools/ is on sys.path (the chapters' kernels)
+except ImportError:
+    from tools import preforked
+
 
 # The book's clone. Helpers run code from its chapters/ folder, so a downloaded
 # notebook opened anywhere behaves as the book's page did.
@@ -154,10 +159,11 @@ def check_stage(number: int) -> None:
 
 
 def at_stage(number: int, code: str) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh process against stage `number` (one backend per process)."""
+    """Run `code` in a new process against stage `number` (one backend per process),
+    as `python -c code` would: a child forked from a process that has imported
+    torch and nothing of acme (tools/preforked.py), which saves each call that import."""
     env = dict(os.environ, PYTHONPATH=str(stage_path(number)))
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=BOOK / "chapters")
+    return preforked.python(["-c", code], env, cwd=BOOK / "chapters", timeout=300)
 
 
 def on_ranks(number: int, code: str, world: int = 2, timeout: float = 120,

@@ -1,8 +1,8 @@
-"""New Python processes for the tests, without an `import torch` in each.
+"""New Python processes for the tests and the chapters, without an `import torch` in each.
 
-Many tests run a snippet against one stage in a new process (one PrivateUse1
-backend per process). Importing PyTorch's CUDA wheel costs each of them about
-2 CPU-seconds, more than most snippets take. `python()` runs the snippet in a
+Many tests, and the chapters' `at_stage` cells, run a snippet against one stage
+in a new process (one PrivateUse1 backend per process). Importing PyTorch's
+CUDA wheel costs each of them about 2 CPU-seconds, more than most snippets take. `python()` runs the snippet in a
 child forked from a server that has imported torch and nothing of the book:
 the child takes the environment, working folder and sys.path it was given,
 then runs the snippet as `python -c` (or `python script.py`) would, and exits
@@ -101,7 +101,7 @@ class Server:
                                         bufsize=1)
         self.folder = Path(tempfile.mkdtemp(prefix="acme-preforked-"))
         if self.read(300) is None:
-            raise RuntimeError("the test process server did not start")
+            raise RuntimeError("the process server did not start")
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -113,7 +113,7 @@ class Server:
                 return None
         line = self.process.stdout.readline()
         if not line:
-            raise RuntimeError("the test process server died")
+            raise RuntimeError("the process server died")
         return json.loads(line)
 
     def run(self, args: list[str], code: str, script: str | None, env: dict[str, str],
