@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "runtime/acme_activity.h"
+#include "runtime/acme_host.h"
 #include "runtime/acme_runtime.h"
+#include "runtime/acme_streams.h"
 
 namespace {
 
