@@ -121,11 +121,9 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
 at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source,
                                int64_t storage_offset, c10::IntArrayRef size,
                                c10::IntArrayRef stride) {
-//> ch16 set-device
   // A storage on another device would leave an acme tensor pointing at memory
   // acme cannot reach (PyTorch's own check; CPU and CUDA kernels run it too).
   at::native::checkSetStorage(self, source, storage_offset, size, stride);
-//< ch16 set-device
   self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
   // An empty stride list means "contiguous".
   const auto contiguous = c10::contiguous_strides(size);

@@ -54,7 +54,13 @@ def set_device(device) -> None:
 
 #> ch01 synchronize < ch06 synchronize
 # def synchronize(device=None) -> None:
-#     runtime.synchronize()
+#     """Waits for all work on `device` (default: the current one)."""
+#     previous = runtime.current_device()
+#     runtime.set_device(previous if device is None else _index(device))
+#     try:
+#         runtime.synchronize()
+#     finally:
+#         runtime.set_device(previous)
 #< ch01 synchronize
 #> ch06 synchronize < ch18 synchronize
 # def synchronize(device=None) -> None:
