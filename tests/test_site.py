@@ -158,8 +158,8 @@ def test_root_sends_readers_to_the_book(site, server, browser):
 
 def test_tabs_switch(site, server, browser):
     # The first chapter that shows code in C++ and Python tabs.
-    tabbed = next(c for c in CHAPTERS
-                  if "group-tab" in (ROOT / "chapters" / f"{c['number']:02d}-{c['slug']}.md").read_text())
+    source = lambda c: ROOT / "chapters" / f"{c['number']:02d}-{c['slug']}.md"
+    tabbed = next(c for c in CHAPTERS if "group-tab" in source(c).read_text())
     visit = Visit(browser, server + chapter_page(tabbed), WIDTHS["desktop"])
     tabs = visit.page.locator(".sphinx-tabs").first
     buttons, panels = tabs.locator("[role=tab]"), tabs.locator("[role=tabpanel]")

@@ -2,11 +2,12 @@
 
 Many tests, and the chapters' `at_stage` cells, run a snippet against one stage
 in a new process (one PrivateUse1 backend per process). Importing PyTorch's
-CUDA wheel costs each of them about 2 CPU-seconds, more than most snippets take. `python()` runs the snippet in a
-child forked from a server that has imported torch and nothing of the book:
-the child takes the environment, working folder and sys.path it was given,
-then runs the snippet as `python -c` (or `python script.py`) would, and exits
-through Python's own shutdown. A DataLoader worker starts the same way.
+CUDA wheel costs each of them about 2 CPU-seconds, more than most snippets
+take. `python()` runs the snippet in a child forked from a server that has
+imported torch and nothing of the book: the child takes the environment,
+working folder and sys.path it was given, then runs the snippet as
+`python -c` (or `python script.py`) would, and exits through Python's own
+shutdown. A DataLoader worker starts the same way.
 
 Only what cannot tell the difference is forked. The environment may differ
 from the server's in PYTHONPATH, ACME_* variables and a one-word
