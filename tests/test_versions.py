@@ -55,3 +55,13 @@ def test_header_parser_sees_virtual_members_by_their_types(tmp_path):
 
 def _empty() -> dict:
     return {"torch.accelerator": {}, "registration points": {}, "device module attributes": {}}
+
+
+def test_the_readme_and_the_index_page_name_the_release_the_book_pins():
+    pinned = next(line.split("==")[1].strip()
+                  for line in (versions.ROOT / "requirements.txt").read_text().splitlines()
+                  if line.startswith("torch=="))
+    assert f"PyTorch {pinned}" in (versions.ROOT / "README.md").read_text()
+    index = (versions.ROOT / "docs" / "index.md").read_text()
+    assert f"**PyTorch {pinned}**" in index
+    assert all(release in index for release in versions.RELEASES), versions.RELEASES

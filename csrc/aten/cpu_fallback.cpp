@@ -51,13 +51,16 @@ void refuse_views(const c10::OperatorHandle& op) {
 
 
 //> ch02 result-device
-// Upstream's fallback sends results to the device of the *first* tensor
-// argument. For `2 // t` that is the CPU scalar 2, so the result would stay
-// on the CPU. Results belong on the device of the first acme argument.
+// Upstream's fallback sends results to the device an op names (a Device
+// argument), else to the device of the *first* tensor argument. For `2 // t`
+// that is the CPU scalar 2, so the result would stay on the CPU. Results
+// belong on the device of the first acme argument, unless the op names one.
 std::optional<c10::Device> first_acme_device(const c10::OperatorHandle& op,
                                              const torch::jit::Stack& args) {
   for (const auto& value : args) {
-    if (value.isDevice()) return std::nullopt;  // the op names its device itself
+    if (value.isDevice()) return std::nullopt;  // wherever it sits: upstream honours it
+  }
+  for (const auto& value : args) {
     if (value.isTensor() && value.toTensor().defined() &&
         value.toTensor().device().type() == kAcme) {
       return value.toTensor().device();
