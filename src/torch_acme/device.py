@@ -52,9 +52,9 @@ def set_device(device) -> None:
     runtime.set_device(_index(device))
 
 
-#> ch01 synchronize < ch06 synchronize
+#> ch01 synchronize < ch18 synchronize
 # def synchronize(device=None) -> None:
-#     """Waits for all work on `device` (default: the current one)."""
+#     """Waits for all work queued on `device` (default: the current one)."""
 #     previous = runtime.current_device()
 #     runtime.set_device(previous if device is None else _index(device))
 #     try:
@@ -62,16 +62,6 @@ def set_device(device) -> None:
 #     finally:
 #         runtime.set_device(previous)
 #< ch01 synchronize
-#> ch06 synchronize < ch18 synchronize
-# def synchronize(device=None) -> None:
-#     """Waits for all work on every stream of `device` (default: the current one)."""
-#     previous = runtime.current_device()
-#     runtime.set_device(_index_or_current(device))
-#     try:
-#         runtime.synchronize()
-#     finally:
-#         runtime.set_device(previous)
-#< ch06 synchronize
 #> ch18 synchronize
 def synchronize(device=None) -> None:
     """Waits for all work on every stream of `device` (default: the current one).
