@@ -10,14 +10,15 @@ import torch
 import torch_acme  # noqa: F401 - registers the backend
 from torch.profiler import ProfilerActivity, profile
 
+from conftest import dispatch_row
+
 DEVICE = torch._C._get_privateuse1_backend_name()
 
 
 def route(op: str) -> str:
     """What the dispatch table runs for `op` on PrivateUse1, as the table names it."""
-    rows = [r for r in torch._C._dispatch_dump_table(op).splitlines()
-            if r.startswith("PrivateUse1:")]
-    return rows[0].rsplit("[", 1)[1].rstrip("]") if rows else "nothing"
+    row = dispatch_row(op)
+    return row.rsplit("[", 1)[1].rstrip("]") if row else "nothing"
 
 
 def crossings(call) -> list[tuple[str, int]]:

@@ -22,6 +22,7 @@ import nbformat
 import pytest
 
 from conftest import BUILD, CHAPTERS, LAST, ROOT
+from tools import chapter_runs
 
 HTML = BUILD / "html"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -158,8 +159,7 @@ def test_root_sends_readers_to_the_book(site, server, browser):
 
 def test_tabs_switch(site, server, browser):
     # The first chapter that shows code in C++ and Python tabs.
-    source = lambda c: ROOT / "chapters" / f"{c['number']:02d}-{c['slug']}.md"
-    tabbed = next(c for c in CHAPTERS if "group-tab" in source(c).read_text())
+    tabbed = next(c for c in CHAPTERS if "group-tab" in chapter_runs.source(c).read_text())
     visit = Visit(browser, server + chapter_page(tabbed), WIDTHS["desktop"])
     tabs = visit.page.locator(".sphinx-tabs").first
     buttons, panels = tabs.locator("[role=tab]"), tabs.locator("[role=tabpanel]")
