@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import torch_acme  # noqa: F401 - registers the backend
-from conftest import dispatch_row
+from conftest import dispatch_row, run_in_stage
 from torch_acme import runtime
 
 pytestmark = [
@@ -94,6 +94,58 @@ def test_a_zero_dimensional_cpu_tensor_is_welcome_on_either_device(device):
     assert picked.cpu().tolist() == [1.0, -1.0]
     scaled = torch.mul(values, torch.tensor(2.0))
     assert scaled.device.index == device and scaled.cpu().tolist() == [2.0, 4.0]
+
+
+# What torch.cuda does with a CPU tensor that has dimensions beside device
+# tensors: refuses it, except as indices for advanced indexing.
+MIXED_WITH_HOST = {
+    "mm": lambda a, h: torch.mm(a, h),
+    "cat": lambda a, h: torch.cat([a, h]),
+    "where": lambda a, h: torch.where(a > 0, a, h),
+    "add": lambda a, h: a + h,
+    "dot": lambda a, h: torch.dot(a.flatten(), h.flatten()),
+}
+
+
+@pytest.mark.parametrize("name", MIXED_WITH_HOST)
+def test_a_cpu_tensor_with_dimensions_beside_acme_inputs_is_refused(name):
+    a = torch.ones(2, 2, device=on(0))
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        MIXED_WITH_HOST[name](a, torch.ones(2, 2))
+
+
+def test_advanced_indexing_takes_cpu_indices_as_on_cuda():
+    a = torch.arange(6.0, device=on(0))
+    index = torch.tensor([4, 0])
+    assert a[index].device == a.device and a[index].cpu().tolist() == [4.0, 0.0]
+    a[index] = torch.tensor([-1.0, -2.0], device=on(0))
+    assert a.cpu().tolist() == [-2.0, 1.0, 2.0, 3.0, -1.0, 5.0]
+
+
+def test_the_stage_6_fallback_refuses_cpu_tensors_with_dimensions():
+    # At stage 6 these ops all reach the fallback: its own check, no kernel's.
+    code = """
+import warnings, torch, torch_acme
+warnings.simplefilter("ignore")
+a, host = torch.ones(2, 2, device="privateuseone"), torch.ones(2, 2)
+for name, call in [("mm", lambda: torch.mm(a, host)), ("cat", lambda: torch.cat([host, a])),
+                   ("where", lambda: torch.where(a > 0, a, host))]:
+    try:
+        call()
+        print(name, "computed")
+    except RuntimeError as error:
+        print(name, str(error).splitlines()[0])
+print("index", a.flatten()[torch.tensor([3, 0])].cpu().tolist())
+print("scalar", (a * torch.tensor(3.0)).device)
+"""
+    proc = run_in_stage(6, code)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for name, argument in [("mm", "mat2"), ("cat", "tensors"), ("where", "other")]:
+        line = next(line for line in lines if line.startswith(name + " "))
+        assert "Expected all tensors to be on the same device" in line, line
+        assert f"argument '{argument}'" in line and "checked by the privateuseone backend" in line
+    assert "index [1.0, 1.0]" in lines and "scalar privateuseone:0" in lines
 
 
 def test_a_device_index_beyond_the_count_is_refused_for_streams_and_events():

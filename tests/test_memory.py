@@ -194,6 +194,54 @@ def test_empty_cache_waits_for_recorded_streams():
     assert stats["num_sync_all_streams"] >= 1
 
 
+# A gradient that crosses streams: y = x * 2 runs on a side stream, so its
+# backward node (the gradient's consumer) belongs to that stream, while exp's
+# backward produces y's gradient on the default stream. The autograd engine
+# then calls the guard's recordDataPtrOnStream for the gradient; without it the
+# gradient's block would return to the default stream's pool while the side
+# stream, busy here, may still read it.
+CROSS_STREAM_GRADIENT = """
+import json, torch, torch_acme
+from torch_acme import runtime
+
+def state_at(address):
+    for segment in torch.acme.memory_snapshot():
+        for block in segment["blocks"]:
+            if block["address"] <= address < block["address"] + block["size"]:
+                return block["state"]
+
+torch.acme.empty_cache()
+n = 3 * 1024 * 1024 // 4 + 7
+side = torch.Stream(device="acme:0")
+x = torch.ones(n, device="acme", requires_grad=True)
+side.wait_stream(torch.acme.current_stream())
+with side:
+    y = x * 2                                        # MulBackward0: the side stream's
+torch.acme.current_stream().wait_stream(side)        # y is written before exp reads it
+seen = []
+y.register_hook(lambda g: seen.append(g.data_ptr()))
+z = y.exp().sum()                                    # ExpBackward0: the default stream's
+runtime.sleep_kernel(side.stream_id, 400_000)        # the side stream is busy for 0.4 s
+z.backward()
+torch.acme.current_stream().synchronize()
+busy = state_at(seen[0])                             # the gradient is freed; the side sleeps
+side.synchronize()
+torch.empty(1, device="acme")                        # the allocator looks at its events
+done = state_at(seen[0])
+print(json.dumps({"busy": busy, "done": done, "grad": x.grad.cpu()[:3].tolist()}))
+"""
+
+
+@pytest.mark.parametrize("stage", sorted({12, LAST}))
+def test_a_gradient_that_crosses_streams_is_recorded_on_its_consumer_stream(stage):
+    proc = run_in_stage(stage, CROSS_STREAM_GRADIENT)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["busy"] == "active_pending_free"  # held for the side stream
+    assert out["done"] == "inactive"  # back in the pool once the side stream passed
+    assert out["grad"] == pytest.approx([2 * 7.389056] * 3)
+
+
 def test_record_stream_of_another_device_is_refused():
     t = torch.empty(4, device="acme:0")
     with pytest.raises(RuntimeError, match="the stream is on acme:1 but the memory is on acme:0"):

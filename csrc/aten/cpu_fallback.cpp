@@ -85,38 +85,62 @@ void move_results_to(c10::Device device, const c10::OperatorHandle& op,
 
 // Kernels see the tensors of one device. The fallback would copy tensors of
 // devices 0 and 1 alike to the host and compute with both, hiding a bug that
-// every real accelerator reports; refuse it as PyTorch's own kernels do. CPU
-// tensors (0-dim scalars above all) stay allowed, as before.
+// every real accelerator reports; refuse it as PyTorch's own kernels do.
 
-// Calls `check` on every tensor among op's arguments on the stack, including
-// those inside tensor lists.
+// Calls `check(tensor, argument)` on every tensor among op's arguments on the
+// stack, including those inside tensor lists.
 template <class Check>
 void for_each_tensor_argument(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
                               const Check& check) {
-  const size_t n_args = op.schema().arguments().size();
-  for (auto it = stack.end() - n_args; it != stack.end(); ++it) {
-    if (it->isTensor()) {
-      check(it->toTensor());
-    } else if (it->isTensorList()) {
-      for (const at::Tensor& t : it->toTensorList()) check(t);
-    } else if (it->isOptionalTensorList()) {
-      for (const std::optional<at::Tensor> t : it->toOptionalTensorList())
-        if (t) check(*t);
+  const auto& arguments = op.schema().arguments();
+  auto it = stack.end() - static_cast<std::ptrdiff_t>(arguments.size());
+  for (const c10::Argument& argument : arguments) {
+    const c10::IValue& value = *it++;
+    if (value.isTensor()) {
+      check(value.toTensor(), argument);
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorList()) check(t, argument);
+    } else if (value.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor> t : value.toOptionalTensorList())
+        if (t) check(*t, argument);
     }
   }
 }
 
+// Where CUDA lets a CPU tensor with dimensions sit beside device tensors:
+// advanced indexing takes its indices from the host (their schemas say
+// device_check: NoCheck in native_functions.yaml).
+bool takes_host_indices(const c10::OperatorHandle& op) {
+  static const std::unordered_set<std::string> names = {
+      "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_",
+      "aten::_unsafe_index_put"};
+  return names.count(op.schema().name()) != 0;
+}
+
+// Every acme input must be on one device, and a CPU input beside them must be
+// a 0-dim tensor (how PyTorch passes a Python number), as TensorIterator
+// allows on CUDA. Arguments the op writes are chapter 13's check.
 void refuse_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  std::optional<c10::Device> first;
-  auto check = [&](const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kAcme) return;
-    if (!first) first = t.device();
-    TORCH_CHECK(t.device() == *first,
-                "Expected all tensors to be on the same device, but found at least two devices, ",
-                *first, " and ", t.device(), "! (checked by the ", kAcme,
-                " backend's CPU fallback for ", op.schema().operator_name(), ")");
-  };
-  for_each_tensor_argument(op, stack, check);
+  std::optional<c10::Device> acme;
+  const c10::Argument* host = nullptr;  // the first CPU input with dimensions
+  for_each_tensor_argument(op, stack, [&](const at::Tensor& t, const c10::Argument& argument) {
+    if (!t.defined()) return;
+    if (t.device().type() == kAcme) {
+      if (!acme) acme = t.device();
+      TORCH_CHECK(t.device() == *acme,
+                  "Expected all tensors to be on the same device, but found at least two "
+                  "devices, ", *acme, " and ", t.device(), "! (checked by the ", kAcme,
+                  " backend's CPU fallback for ", op.schema().operator_name(), ")");
+    } else if (t.device().is_cpu() && t.dim() > 0 && host == nullptr &&
+               (argument.alias_info() == nullptr || !argument.alias_info()->isWrite())) {
+      host = &argument;
+    }
+  });
+  TORCH_CHECK(!acme || host == nullptr || takes_host_indices(op),
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              *acme, " and cpu! (argument '", host ? host->name() : "", "' of ",
+              op.schema().operator_name(), " is a CPU tensor with dimensions; checked by the ",
+              kAcme, " backend's CPU fallback)");
 }
 //< ch06 same-device
 //> ch13 out-device
@@ -151,7 +175,7 @@ void refuse_host_outputs(const c10::OperatorHandle& op, const torch::jit::Stack&
 // A packed weight has no storage to copy to the host: only its own operators
 // can read it. Say so, instead of failing inside the copy.
 void refuse_packed_weights(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  for_each_tensor_argument(op, stack, [&](const at::Tensor& t) {
+  for_each_tensor_argument(op, stack, [&](const at::Tensor& t, const c10::Argument&) {
     TORCH_CHECK_NOT_IMPLEMENTED(!is_packed(t), kAcme, ": ", op.schema().operator_name(),
                                 " cannot take a packed weight (from acme::pack_linear_weight): "
                                 "it has no strided storage. Only acme::packed_linear reads it; "

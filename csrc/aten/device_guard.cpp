@@ -16,6 +16,9 @@
 //> ch06 guard-streams-include
 #include "runtime/acme_streams.h"
 //< ch06 guard-streams-include
+//> ch12 guard-allocator-include
+#include <c10/core/CachingDeviceAllocator.h>
+//< ch12 guard-allocator-include
 
 namespace acme {
 namespace {
@@ -250,6 +253,19 @@ struct AcmeGuardImpl final : c10::impl::DeviceGuardImplInterface {
     if (event != nullptr) (void)acmeEventDestroy(static_cast<acmeEvent_t>(event));
   }
 //< ch06 streams
+//> ch12 record-data-ptr
+
+  // The autograd engine calls this when a gradient made on one stream is
+  // consumed on another (InputBuffer::add): the caching allocator must keep
+  // the block until that stream has passed its free. Tensor.record_stream
+  // reaches the same allocator call through aten::record_stream. A stream of
+  // another device cannot reuse the block; older releases may still pass one.
+  void recordDataPtrOnStream(const c10::DataPtr& data_ptr,
+                             const c10::Stream& stream) const override {
+    if (data_ptr.device() != stream.device()) return;
+    c10::getDeviceAllocator(kAcme)->recordStream(data_ptr, stream);
+  }
+//< ch12 record-data-ptr
 };
 
 }  // namespace
