@@ -59,9 +59,11 @@ def stage_env(number: int, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_in_stage(number: int, code: str, **extra_env: str) -> subprocess.CompletedProcess:
-    """`code` in a new process against stage `number` (tools/preforked.py)."""
-    return preforked.python(["-c", code], stage_env(number, **extra_env))
+def run_in_stage(number: int, code: str, *, fresh: bool = False,
+                 **extra_env: str) -> subprocess.CompletedProcess:
+    """`code` in a new process against stage `number` (tools/preforked.py; `fresh`:
+    a new interpreter, for what happens at exit)."""
+    return preforked.python(["-c", code], stage_env(number, **extra_env), fresh=fresh)
 
 
 def pytest_addoption(parser):

@@ -158,12 +158,13 @@ def check_stage(number: int) -> None:
     assert info["STAGE"] == number, f"the build in {package} is stage {info['STAGE']}"
 
 
-def at_stage(number: int, code: str) -> subprocess.CompletedProcess:
+def at_stage(number: int, code: str, fresh: bool = False) -> subprocess.CompletedProcess:
     """Run `code` in a new process against stage `number` (one backend per process),
     as `python -c code` would: a child forked from a process that has imported
-    torch and nothing of acme (tools/preforked.py), which saves each call that import."""
+    torch and nothing of acme (tools/preforked.py), which saves each call that import;
+    with `fresh`, a new interpreter (for what happens at exit)."""
     env = dict(os.environ, PYTHONPATH=str(stage_path(number)))
-    return preforked.python(["-c", code], env, cwd=BOOK / "chapters", timeout=300)
+    return preforked.python(["-c", code], env, cwd=BOOK / "chapters", timeout=300, fresh=fresh)
 
 
 def on_ranks(number: int, code: str, world: int = 2, timeout: float = 120,

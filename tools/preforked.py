@@ -13,7 +13,9 @@ Only what cannot tell the difference is forked. The environment may differ
 from the server's in PYTHONPATH, ACME_* variables and a one-word
 PYTHONWARNINGS; anything else (TORCH_DEVICE_BACKEND_AUTOLOAD=1, TORCH_LOGS,
 ...), which PyTorch or Python read when they start, gets a new interpreter,
-as do tests whose subject is `import torch` itself (they call subprocess).
+as do tests whose subject is `import torch` itself (they call subprocess) or
+the interpreter's exit (they pass fresh=True: an autograd thread's race with
+Python's shutdown, chapter 3, never showed in a forked child).
 """
 
 from __future__ import annotations
@@ -157,11 +159,13 @@ def forkable(args: list[str], env: dict[str, str]) -> bool:
 
 
 def python(args: list[str], env: dict[str, str], cwd: str | Path | None = None,
-           timeout: float = 300) -> subprocess.CompletedProcess:
+           timeout: float = 300, fresh: bool = False) -> subprocess.CompletedProcess:
     """`subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True,
-    text=True, timeout=timeout)`, forked from the server when nothing can tell."""
+    text=True, timeout=timeout)`, forked from the server when nothing can tell.
+    `fresh=True` always starts a new interpreter: for what happens at exit, which
+    a forked child does not repeat (chapter 3's exit race never shows in one)."""
     cwd = str(cwd or os.getcwd())
-    if not forkable(args, env):
+    if fresh or not forkable(args, env):
         return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True,
                               text=True, timeout=timeout)
     global _server

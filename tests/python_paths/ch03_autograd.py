@@ -11,9 +11,10 @@ import torch
 class AcmeTanh(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
-        # Run the acme kernel below autograd: without this guard torch.tanh
-        # would dispatch straight back to tanh_with_acme_autograd below.
-        with torch._C._AutoDispatchBelowAutograd():
+        # Run the acme kernel below autograd (and ADInplaceOrView, as the C++
+        # tab's guard does): without it torch.tanh would dispatch straight back
+        # to tanh_with_acme_autograd below.
+        with torch._C._AutoDispatchBelowADInplaceOrView():
             y = torch.tanh(x)
         ctx.save_for_backward(y)  # the output suffices: d tanh = 1 - tanh^2
         return y
