@@ -4,7 +4,7 @@
 //
 // It is registered as PrivateUse1's at::HostAllocator too, the interface
 // torch.accelerator.empty_host_cache() and the host statistics go through (with
-// none registered, empty_host_cache() crashes the process up to PyTorch 2.14).
+// none registered, empty_host_cache() crashes PyTorch 2.13 and 2.14).
 #include "aten/pinned_memory.h"
 
 #include <ATen/core/CachingHostAllocator.h>

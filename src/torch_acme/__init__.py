@@ -54,24 +54,21 @@ atexit.register(_C._drain_autograd_threads)
 from . import device
 
 #> ch01 register-module < ch08 register-named
-# # PyTorch looks up `torch.privateuseone` whenever it creates a tensor on the device.
+# # Creating a tensor on the device makes PyTorch import `torch.privateuseone`.
 # torch._register_device_module("privateuseone", device)
 #< ch01 register-module
 #> ch08 register-named
-# PyTorch looks up `torch.acme` whenever it creates a tensor on the device.
+# Creating a tensor on the device makes PyTorch import `torch.acme`.
 torch._register_device_module(DEVICE_NAME, device)
 #< ch08 register-named
 #> ch09 generated-methods
 
-# acme's (simulated) hardware has no 8-bit float units: storages of these
-# dtypes are refused by storage.acme() with a clear error.
-UNSUPPORTED_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
-
 # t.acme(), t.is_acme, module.acme(), storage.acme(), storage.is_acme,
-# packed_sequence.acme(): the conveniences torch.cuda users reach for.
+# packed_sequence.acme(): the conveniences torch.cuda users reach for. No
+# unsupported_dtype: it refuses only TypedStorage.acme(), and acme holds every
+# dtype it can copy (torch.accelerator.get_device_capability, chapter 11).
 torch.utils.generate_methods_for_privateuse1_backend(
-    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True,
-    unsupported_dtype=UNSUPPORTED_DTYPES)
+    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
 #< ch09 generated-methods
 #> ch14 mixed-precision
 # Precision PyTorch's Python picks by device type: acme answers as CUDA.
