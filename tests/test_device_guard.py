@@ -249,3 +249,33 @@ def test_an_event_belongs_to_the_device_of_its_first_record():
         event.record(torch.Stream(device=on(0)))
     event.synchronize()
     assert event.query()
+
+
+def test_a_forked_child_is_refused_the_parents_streams_at_stage_6():
+    # Chapter 11 tracks fork() for the whole runtime; from chapter 6 to 10 the
+    # streams' worker threads, which a child does not inherit, would make the
+    # child wait forever. The runtime refuses instead.
+    code = """
+import os, torch, torch_acme
+from torch_acme import runtime
+side = torch.Stream(device="privateuseone:0")
+runtime.sleep_kernel(side.native_handle, 1000)
+side.synchronize()
+pid = os.fork()
+if pid == 0:
+    try:
+        runtime.sleep_kernel(side.native_handle, 1000)
+        side.synchronize()
+        os._exit(3)
+    except Exception as error:
+        os.write(1, f"{type(error).__name__}: {error}\\n".encode())
+        os._exit(0)
+print("child exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+side.synchronize()  # the parent's streams still work
+print("parent fine")
+"""
+    proc = run_in_stage(6, code)
+    assert proc.returncode == 0, proc.stderr
+    assert "acmeErrorForkedChild" in proc.stdout, proc.stdout
+    assert "this process is a child of fork()" in proc.stdout
+    assert "child exit 0" in proc.stdout and "parent fine" in proc.stdout

@@ -24,6 +24,7 @@
 //< ch18 streams-includes
 #include <system_error>
 #include <thread>
+#include <unistd.h>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -255,9 +256,25 @@ acmeError_t bad_handle(const Handles& h, uint64_t id, bool want_stream, const ch
               id, want_stream ? "a stream" : "an event");
 }
 
+// Simulator only. The workers are threads, and a child of fork() has none of
+// its parent's: work queued on the parent's streams there would wait forever.
+// Every stream and event call refuses in such a child (chapter 11 refuses
+// every call, as a real driver does). Read and set with the handles lock held.
+pid_t workers_pid = 0;  // the process whose streams have workers; 0 before any
+
+acmeError_t refuse_in_forked_child(const char* caller) {
+  if (workers_pid == 0 || workers_pid == getpid()) return acmeSuccess;
+  return fail(acmeErrorForkedChild,
+              "%s: this process is a child of fork(), and its parent's acme streams run on "
+              "threads that exist only in the parent; start child processes with the 'spawn' "
+              "method (multiprocessing.set_start_method('spawn'))", caller);
+}
+
 // Starts a stream's worker. Call with the handles lock held.
 acmeError_t start(Handles& h, int device, bool is_default, const char* caller,
                   std::shared_ptr<Stream>* out) {
+  if (acmeError_t e = refuse_in_forked_child(caller)) return e;
+  workers_pid = getpid();
   auto s = std::make_shared<Stream>();
   s->id = h.new_id(true);
   s->device = device;
@@ -280,6 +297,7 @@ acmeError_t default_stream(int device, const char* caller, std::shared_ptr<Strea
   if (acmeError_t e = acme::internal::check_device(device)) return e;
   Handles& h = handles();
   std::lock_guard<std::mutex> lock(h.mutex);
+  if (acmeError_t e = refuse_in_forked_child(caller)) return e;
   auto& slot = h.defaults[device];
   if (!slot) {
     if (acmeError_t e = start(h, device, true, caller, &slot)) return e;
@@ -292,6 +310,7 @@ acmeError_t find_stream(acmeStream_t handle, const char* caller, std::shared_ptr
   if (!handle) return default_stream(acme::internal::current_device(), caller, out);
   Handles& h = handles();
   std::lock_guard<std::mutex> lock(h.mutex);
+  if (acmeError_t e = refuse_in_forked_child(caller)) return e;
   auto it = h.streams.find(id_of(handle));
   if (it == h.streams.end()) return bad_handle(h, id_of(handle), true, caller);
   *out = it->second;
@@ -301,6 +320,7 @@ acmeError_t find_stream(acmeStream_t handle, const char* caller, std::shared_ptr
 acmeError_t find_event(acmeEvent_t handle, const char* caller, std::shared_ptr<Event>* out) {
   Handles& h = handles();
   std::lock_guard<std::mutex> lock(h.mutex);
+  if (acmeError_t e = refuse_in_forked_child(caller)) return e;
   auto it = h.events.find(id_of(handle));
   if (it == h.events.end()) return bad_handle(h, id_of(handle), false, caller);
   *out = it->second;
@@ -551,6 +571,7 @@ acmeError_t acmeDeviceSynchronize(void) {
 //   {
 //     Handles& h = handles();
 //     std::lock_guard<std::mutex> lock(h.mutex);
+//     if (acmeError_t e = refuse_in_forked_child("acmeDeviceSynchronize")) return e;
 //     for (const auto& weak : h.by_device[device])
 //       if (auto s = weak.lock()) streams.push_back(std::move(s));
 //   }

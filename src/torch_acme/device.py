@@ -185,7 +185,8 @@ def default_generator(device=None):
 #> ch05 bad-fork < ch11 -
 # def _is_in_bad_fork() -> bool:
 #     # torch.manual_seed seeds a PrivateUse1 backend only if its module has this
-#     # and manual_seed_all. acme keeps no state a fork() could break.
+#     # and manual_seed_all. Chapter 11 tracks fork(); until then only the
+#     # runtime's streams (chapter 6) notice it, and refuse in a child.
 #     return False
 #
 #
