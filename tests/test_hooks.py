@@ -22,9 +22,9 @@ pytestmark = pytest.mark.skipif(importlib.import_module("torch_acme._build_info"
                                 reason="chapter 11's hooks are not in this stage")
 
 
-def run_json(code: str, **env: str):
+def run_json(code: str, *, stage: int = LAST, **env: str):
     """Run `code` in a fresh stage process; it prints one JSON line last."""
-    proc = run_in_stage(LAST, textwrap.dedent(code), **env)
+    proc = run_in_stage(stage, textwrap.dedent(code), **env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -267,9 +267,7 @@ print(json.dumps({str(d): [d in listed, holds(d)] for d in every}))
 def test_the_capability_lists_exactly_the_dtypes_the_device_holds(stage):
     if stage > LAST:
         pytest.skip(f"stage {stage} is not built")
-    proc = run_in_stage(stage, CAPABILITY_MATCHES_THE_DEVICE)
-    assert proc.returncode == 0, proc.stderr
-    verdicts = json.loads(proc.stdout.splitlines()[-1])
+    verdicts = run_json(CAPABILITY_MATCHES_THE_DEVICE, stage=stage)
     wrong = {name: listed for name, (listed, holds) in verdicts.items() if listed != holds}
     assert not wrong, f"listed (True) but not held, or held but not listed: {wrong}"
     assert verdicts["torch.float8_e4m3fn"] == [True, True]  # held, as a GPU without fp8 units does

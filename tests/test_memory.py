@@ -29,9 +29,9 @@ pytestmark = pytest.mark.skipif(importlib.import_module("torch_acme._build_info"
 KiB, MiB = 1024, 1024 * 1024
 
 
-def run_json(code: str, **env: str):
+def run_json(code: str, *, stage: int = LAST, **env: str):
     """Run `code` in a fresh stage process; it prints one JSON line last."""
-    proc = run_in_stage(LAST, textwrap.dedent(code), **env)
+    proc = run_in_stage(stage, textwrap.dedent(code), **env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -234,9 +234,7 @@ print(json.dumps({"busy": busy, "done": done, "grad": x.grad.cpu()[:3].tolist()}
 
 @pytest.mark.parametrize("stage", sorted({12, LAST}))
 def test_a_gradient_that_crosses_streams_is_recorded_on_its_consumer_stream(stage):
-    proc = run_in_stage(stage, CROSS_STREAM_GRADIENT)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.splitlines()[-1])
+    out = run_json(CROSS_STREAM_GRADIENT, stage=stage)
     assert out["busy"] == "active_pending_free"  # held for the side stream
     assert out["done"] == "inactive"  # back in the pool once the side stream passed
     assert out["grad"] == pytest.approx([2 * 7.389056] * 3)
