@@ -7,10 +7,13 @@
 //> ch10 stub-abi
 // DispatchStub's inline code must be compiled with the CPU kernel variants
 // libtorch was built with, or it calls a DispatchStubImpl::get_call_ptr
-// overload libtorch does not export (x86-64 wheels: AVX2 and AVX-512).
+// overload libtorch does not export: AVX2 and AVX-512 in the x86-64 wheels,
+// SVE in the aarch64 ones.
 #if defined(__x86_64__) && !defined(HAVE_AVX2_CPU_DEFINITION)
 #define HAVE_AVX512_CPU_DEFINITION
 #define HAVE_AVX2_CPU_DEFINITION
+#elif defined(__aarch64__) && !defined(HAVE_SVE_CPU_DEFINITION)
+#define HAVE_SVE_CPU_DEFINITION
 #endif
 //< ch10 stub-abi
 #include <ATen/EmptyTensor.h>
