@@ -32,7 +32,14 @@ def environment(session: nox.Session) -> None:
     if not PYTHON.exists():
         session.run(sys.executable, "-m", "venv", str(ENV), external=True)
     if not stamp.exists() or stamp.read_text() != wanted:
-        session.run(str(PYTHON), "-m", "pip", "install", "-q", "-r", "requirements.txt", external=True)
+        # uv, when installed, fetches and unpacks the ~3 GB of PyTorch and its
+        # CUDA libraries in parallel (.ci/run installs it); otherwise pip.
+        uv = shutil.which("uv")
+        if uv:
+            session.run(uv, "pip", "install", "-q", "--python", str(PYTHON), "-r", "requirements.txt",
+                        external=True)
+        else:
+            session.run(str(PYTHON), "-m", "pip", "install", "-q", "-r", "requirements.txt", external=True)
         stamp.write_text(wanted)
 
 

@@ -71,8 +71,9 @@ def test_readme_try_command_works(stage, tmp_path):
         view = chapter_support.installed_view(stage_dir(stage), stage_path(stage) / "torch_acme",
                                               tmp_path / "site")
         env.update(PYTHONPATH=str(view), TORCH_DEVICE_BACKEND_AUTOLOAD="1")
-    done = subprocess.run([sys.executable, "-c", command], env=env, capture_output=True,
-                          text=True, timeout=300)
+    # Before autoloading nothing can tell a child forked after `import torch`
+    # from `python -c` (tools/preforked.py); with it, a new interpreter.
+    done = preforked.python(["-c", command], env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip(), "the try command printed nothing"
 

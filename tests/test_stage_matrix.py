@@ -23,8 +23,10 @@ def pytest_generate_tests(metafunc):
 
 
 def test_stage_has_exactly_its_chapters(stage):
-    # A new process per stage: one PrivateUse1 backend per process.
-    proc = preforked.python([str(PROBE_SCRIPT)], stage_env(stage))
+    # A new process per stage: one PrivateUse1 backend per process. The probes
+    # of chapters 15 and 20 import Dynamo and Inductor at every stage: once here.
+    proc = preforked.python([str(PROBE_SCRIPT)], stage_env(stage),
+                            preload=("torch._dynamo", "torch._inductor.compile_fx"))
     assert proc.returncode == 0, proc.stderr
     present = {int(k): v for k, v in json.loads(proc.stdout.splitlines()[-1]).items()}
     expected = {c["number"]: c["number"] <= stage for c in CHAPTERS}

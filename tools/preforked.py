@@ -36,8 +36,10 @@ VARYING = ("PYTHONPATH", "PYTEST_CURRENT_TEST", "PYTHONWARNINGS")
 WARNING_ACTIONS = ("", "ignore", "error", "default", "always")
 
 SERVER = r"""
-import json, os, sys, types, warnings
+import importlib, json, os, sys, types, warnings
 import torch  # what every child would import first: the cost paid once
+for name in sys.argv[1:]:  # and what the caller said all its children import
+    importlib.import_module(name)
 
 reply = sys.stdout
 print(json.dumps({"ready": os.getpid()}), file=reply, flush=True)
@@ -97,9 +99,9 @@ def server_env() -> dict[str, str]:
 
 
 class Server:
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
         self.env = server_env()
-        self.process = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-c", SERVER, *preload], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=self.env, text=True,
                                         bufsize=1)
         self.folder = Path(tempfile.mkdtemp(prefix="acme-preforked-"))
@@ -145,7 +147,7 @@ class Server:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-_server: Server | None = None
+_servers: dict[tuple[str, ...], Server] = {}
 _lock = threading.Lock()
 
 
@@ -159,24 +161,27 @@ def forkable(args: list[str], env: dict[str, str]) -> bool:
 
 
 def python(args: list[str], env: dict[str, str], cwd: str | Path | None = None,
-           timeout: float = 300, fresh: bool = False) -> subprocess.CompletedProcess:
+           timeout: float = 300, fresh: bool = False,
+           preload: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True,
     text=True, timeout=timeout)`, forked from the server when nothing can tell.
     `fresh=True` always starts a new interpreter: for what happens at exit, which
-    a forked child does not repeat (chapter 3's exit race never shows in one)."""
+    a forked child does not repeat (chapter 3's exit race never shows in one).
+    `preload`: PyTorch modules every child of this caller imports (torch._dynamo
+    costs about a second): a server of their own imports them first."""
     cwd = str(cwd or os.getcwd())
     if fresh or not forkable(args, env):
         return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True,
                               text=True, timeout=timeout)
-    global _server
     with _lock:
-        if _server is None or not _server.alive() or _server.env != server_env():
-            if _server is not None:
-                _server.stop()
-            _server = Server()
-            atexit.register(_server.stop)
+        server = _servers.get(preload)
+        if server is None or not server.alive() or server.env != server_env():
+            if server is not None:
+                server.stop()
+            server = _servers[preload] = Server(preload)
+            atexit.register(server.stop)
         if args[0] == "-c":
             code, script, argv = args[1], None, ["-c", *args[2:]]
         else:
             code, script, argv = Path(args[0]).read_text(), args[0], list(args)
-        return _server.run(argv, code, script, env, cwd, timeout)
+        return server.run(argv, code, script, env, cwd, timeout)
