@@ -34,10 +34,11 @@ def environment(session: nox.Session) -> None:
     if not stamp.exists() or stamp.read_text() != wanted:
         # uv, when installed, fetches and unpacks the ~3 GB of PyTorch and its
         # CUDA libraries in parallel (.ci/run installs it); otherwise pip.
+        # Byte-compiled at install, as pip does: not by each first import.
         uv = shutil.which("uv")
         if uv:
-            session.run(uv, "pip", "install", "-q", "--python", str(PYTHON), "-r", "requirements.txt",
-                        external=True)
+            session.run(uv, "pip", "install", "-q", "--compile-bytecode", "--python", str(PYTHON),
+                        "-r", "requirements.txt", external=True)
         else:
             session.run(str(PYTHON), "-m", "pip", "install", "-q", "-r", "requirements.txt", external=True)
         stamp.write_text(wanted)
