@@ -136,6 +136,8 @@ ARITHMETIC = {
     "div": lambda a, b: a / b,
     "div-floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
     "div-trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "maximum": torch.maximum,  # acme's own device-style loop (elementwise.h)
+    "minimum": torch.minimum,
 }
 INPLACE = {
     "add_": lambda a, b: a.add_(b, alpha=2),
@@ -150,6 +152,8 @@ OUT = {
     "mul": lambda a, b, out: torch.mul(a, b, out=out),
     "div": lambda a, b, out: torch.div(a, b, out=out),
     "div-floor": lambda a, b, out: torch.div(a, b, rounding_mode="floor", out=out),
+    "maximum": lambda a, b, out: torch.maximum(a, b, out=out),
+    "minimum": lambda a, b, out: torch.minimum(a, b, out=out),
 }
 
 
@@ -242,6 +246,37 @@ def test_arithmetic_out_every_dtype(dtype):
     check(lambda x, y: torch.div(x, y, rounding_mode="floor",
                                  out=torch.empty(0, dtype=dtype, device=x.device)),
           a, b, label=f"div floor out=empty {dtype}")
+
+
+@pytest.mark.parametrize("fn", [torch.maximum, torch.minimum], ids=lambda f: f.__name__)
+def test_own_kernel_nan_bool_and_cpu_scalars(fn):
+    """maximum and minimum run acme's device-style loop (elementwise.h): a NaN
+    wins, bools are logical, a CPU 0-dim operand on either side travels as a
+    kernel argument, in its own dtype."""
+    nan = float("nan")
+    check(fn, torch.tensor([1.0, nan, 3.0, nan]), torch.tensor([nan, 2.0, 1.0, nan]), label="nan")
+    check(fn, sample((3, 4), torch.bool), sample((3, 4), torch.bool, seed=2), label="bool")
+    a = sample((3, 4), torch.float16)
+    check(lambda t: fn(t, torch.tensor(0.5)), a, label="cpu 0-dim float32 right")
+    check(lambda t: fn(torch.tensor(1), t), a, label="cpu 0-dim int64 left")
+    check(lambda t: fn(t.t(), torch.tensor(-1.5, dtype=torch.float64)), a, label="transposed")
+
+
+def test_own_kernel_splits_offsets_beyond_32_bits():
+    # Three elements 2 GiB apart in one storage: the last lies 4 GiB in, past
+    # 32-bit offsets, so binary_kernel splits the iterator. Unsplit, its offset
+    # would wrap to the first element's (max would read [4, 7, 4]). Only the
+    # three elements' pages are touched.
+    big = torch.empty(2**32 + 1, dtype=torch.int8, device=NAME)
+    x = big[:: 2**31]
+    x.fill_(4)
+    x[1], x[2] = 7, 8
+    y = torch.tensor([1, 5, 2], dtype=torch.int8, device=NAME)
+    assert torch.maximum(x, y).cpu().tolist() == [4, 7, 8]
+    assert torch.minimum(x, y).cpu().tolist() == [1, 5, 2]
+    del big, x
+    if _build_info.STAGE >= 12:  # the caching allocator would keep the 4 GiB reserved
+        getattr(torch, NAME).empty_cache()
 
 
 def test_scalar_into_a_wider_out():

@@ -18,6 +18,7 @@
 //< ch10 stub-abi
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/NumericUtils.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/BinaryOps.h>
@@ -51,9 +52,11 @@
 #include <ATen/ops/max.h>
 #include <ATen/ops/max_meta.h>
 #include <ATen/ops/mean.h>
+#include <ATen/ops/maximum_native.h>
 #include <ATen/ops/mean_meta.h>
 #include <ATen/ops/min.h>
 #include <ATen/ops/min_meta.h>
+#include <ATen/ops/minimum_native.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mm_meta.h>
 #include <ATen/ops/mul_native.h>
@@ -69,6 +72,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -87,6 +91,7 @@
 #include "aten/acme_check.h"
 #include "aten/allocator.h"
 #include "aten/device_views.h"
+#include "aten/elementwise.h"
 //> ch18 native-launch-include
 #include "aten/launch.h"
 //< ch18 native-launch-include
@@ -564,6 +569,29 @@ void add_kernel(at::TensorIteratorBase& iter, const c10::Scalar& alpha) {
 }
 //< ch10 stub-kernels
 
+//> ch10 own-kernel
+// maximum and minimum run acme's own device code (elementwise.h), not
+// PyTorch's CPU kernel. A NaN operand gives NaN, as on the CPU and CUDA.
+template <bool kMax>
+struct Extremum {
+  static constexpr const char* name = kMax ? "maximum" : "minimum";
+  template <typename T>
+  T operator()(T a, T b) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      return kMax ? (a || b) : (a && b);
+    } else {
+      if constexpr (!std::is_integral_v<T>) {
+        if (at::_isnan(a) || at::_isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+      }
+      return (kMax ? a < b : b < a) ? b : a;
+    }
+  }
+};
+
+void maximum_kernel(at::TensorIteratorBase& iter) { binary_kernel(iter, Extremum<true>{}); }
+void minimum_kernel(at::TensorIteratorBase& iter) { binary_kernel(iter, Extremum<false>{}); }
+//< ch10 own-kernel
+
 // "mul_stub": DECLARE_DISPATCH names a stub's type after the stub.
 template <auto& stub>
 const char* stub_name() {
@@ -842,6 +870,10 @@ REGISTER_PRIVATEUSE1_DISPATCH(lt_stub, (&acme::iterator_kernel<lt_stub, acme::co
 REGISTER_PRIVATEUSE1_DISPATCH(le_stub, (&acme::iterator_kernel<le_stub, acme::comparison>))
 REGISTER_PRIVATEUSE1_DISPATCH(gt_stub, (&acme::iterator_kernel<gt_stub, acme::comparison>))
 REGISTER_PRIVATEUSE1_DISPATCH(ge_stub, (&acme::iterator_kernel<ge_stub, acme::comparison>))
+//> ch10 register-own
+REGISTER_PRIVATEUSE1_DISPATCH(maximum_stub, &acme::maximum_kernel)
+REGISTER_PRIVATEUSE1_DISPATCH(minimum_stub, &acme::minimum_kernel)
+//< ch10 register-own
 }  // namespace at::native
 
 namespace acme {
@@ -858,6 +890,8 @@ using Mul = Structured<at::native::structured_mul_out, const at::Tensor&>;
 using Div = Structured<at::native::structured_div_out, const at::Tensor&>;
 using DivMode = Structured<at::native::structured_div_out_mode, const at::Tensor&,
                            std::optional<c10::string_view>>;
+using Maximum = Structured<at::native::structured_maximum_out, const at::Tensor&>;
+using Minimum = Structured<at::native::structured_minimum_out, const at::Tensor&>;
 using AddmmForms = Structured<Addmm, const at::Tensor&, const at::Tensor&, const c10::Scalar&,
                               const c10::Scalar&>;
 using SumForms = Structured<Sum, at::OptionalIntArrayRef, bool, std::optional<at::ScalarType>>;
@@ -890,6 +924,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("div.Tensor_mode", TORCH_FN(DivMode::functional));
   m.impl("div_.Tensor_mode", TORCH_FN(DivMode::inplace));
   m.impl("div.out_mode", TORCH_FN(DivMode::out));
+  m.impl("maximum", TORCH_FN(Maximum::functional));
+  m.impl("maximum.out", TORCH_FN(Maximum::out));
+  m.impl("minimum", TORCH_FN(Minimum::functional));
+  m.impl("minimum.out", TORCH_FN(Minimum::out));
 //> ch10 register-comparisons
   // Six comparisons, each against a tensor or a scalar, in three forms.
 #define ACME_COMPARISON(op)                                                              \
