@@ -51,8 +51,8 @@
 #include <ATen/ops/lt_native.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/max_meta.h>
-#include <ATen/ops/mean.h>
 #include <ATen/ops/maximum_native.h>
+#include <ATen/ops/mean.h>
 #include <ATen/ops/mean_meta.h>
 #include <ATen/ops/min.h>
 #include <ATen/ops/min_meta.h>
