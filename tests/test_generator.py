@@ -137,6 +137,26 @@ def test_layout_does_not_change_the_numbers():
     assert torch.equal(base.cpu()[:, 1::2], torch.zeros(4, 6))
 
 
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed", "sliced"])
+def test_dropout_results_have_the_cpus_layout(layout, train):
+    x = torch.randn(2, 3, 4, 10)
+    x = {"contiguous": x, "channels_last": x.to(memory_format=torch.channels_last),
+         "transposed": x.transpose(1, 3), "sliced": x[..., ::2]}[layout]
+    expected_out, expected_mask = torch.native_dropout(x, 0.5, train)
+    with torch.random.fork_rng(devices=[0], device_type=DEVICE):
+        MODULE.manual_seed(3)
+        out, mask = torch.native_dropout(x.to(DEVICE), 0.5, train)
+        MODULE.manual_seed(3)
+        dense_out, dense_mask = torch.native_dropout(x.contiguous().to(DEVICE), 0.5, train)
+    assert out.stride() == expected_out.stride() and mask.stride() == expected_mask.stride()
+    assert out.device.type == DEVICE and mask.dtype == torch.bool
+    # The layout changes no number: element i keeps the draw it has in a contiguous copy.
+    assert torch.equal(out.cpu(), dense_out.cpu()) and torch.equal(mask.cpu(), dense_mask.cpu())
+    torch.testing.assert_close(out.cpu(), x * mask.cpu() * (2.0 if train else 1.0))
+    assert bool(mask.all()) != train  # training drops some elements, evaluation none
+
+
 # ---- distributions and dtypes ----
 
 def test_bernoulli_frequency():

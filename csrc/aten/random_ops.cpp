@@ -320,6 +320,19 @@ at::Tensor& bernoulli_out(const at::Tensor& p, std::optional<at::Generator> gen,
 //< ch05 bernoulli
 
 //> ch05 dropout
+// PyTorch's kernels give dropout's results the input's layout (empty_like: a
+// channels-last input, channels-last results); acme's kernel writes them
+// densely, so a strided layout costs one device-side copy each.
+std::tuple<at::Tensor, at::Tensor> in_layout_of(const at::Tensor& input, const at::Tensor& output,
+                                                const at::Tensor& mask) {
+  at::Tensor laid_out = at::empty_like(input);
+  if (laid_out.strides() == output.strides()) return {output, mask};
+  at::Tensor laid_out_mask = at::empty_like(input, mask.options());
+  laid_out.copy_(output);
+  laid_out_mask.copy_(mask);
+  return {laid_out, laid_out_mask};
+}
+
 // F.dropout in training mode: one kernel draws the mask and scales the kept
 // elements by 1 / (1 - p). The mask is saved for backward, which is
 // deterministic and may run anywhere.
@@ -331,7 +344,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   if (train.has_value() && !*train) {  // evaluation: identity, everything kept
     output.copy_(input);
     if (mask.numel() > 0) ACME_CHECK(acmeMemset(mask.data_ptr(), 1, mask.nbytes()));
-    return {output, mask};
+    return in_layout_of(input, output, mask);
   }
   const at::Tensor dense_input = input.contiguous();
   const double keep = 1.0 - p;
@@ -344,7 +357,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
       return static_cast<scalar_t>(static_cast<double>(x[i]) * (kept[i] ? scale : 0.0));
     });
   });
-  return {output, mask};
+  return in_layout_of(input, output, mask);
 }
 //< ch05 dropout
 //> ch23 dropout-launched
@@ -383,7 +396,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout_launched(const at::Tensor& inp
       });
     });
   });
-  return {output, mask};
+  return in_layout_of(input, output, mask);
 }
 //< ch23 dropout-launched
 
