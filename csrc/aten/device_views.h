@@ -96,4 +96,16 @@ class DeviceViews {
 };
 //< ch10 views
 
+//> ch10 device-check
+// Device views pass CPU tensors through untouched, so a kernel that uses them
+// first refuses a tensor of another device, with the message PyTorch's own
+// kernels give. Every acme kernel's check ends here.
+inline void check_device(const char* op, c10::Device expected, const at::TensorBase& t) {
+  TORCH_CHECK(!t.defined() || t.device() == expected,
+              "Expected all tensors to be on the same device, but found at least two "
+              "devices, ", expected, " and ", t.device(), "! (in the ",
+              c10::DeviceType::PrivateUse1, " kernel for ", op, ")");
+}
+//< ch10 device-check
+
 }  // namespace acme

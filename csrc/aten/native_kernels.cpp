@@ -239,10 +239,7 @@ struct SameDevice {
   void operator()(const at::Tensor& t) {
     if (!t.defined()) return;
     if (!first) first = t.device();
-    TORCH_CHECK(t.device() == *first,
-                "Expected all tensors to be on the same device, but found at least two "
-                "devices, ", *first, " and ", t.device(), "! (in the ", kAcme, " kernel for ", op,
-                ")");
+    check_device(op, *first, t);
   }
   template <class T>
   void operator()(const T&) {}

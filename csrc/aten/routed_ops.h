@@ -14,16 +14,10 @@
 namespace acme {
 
 //> ch13 results
-// Device views pass CPU tensors through untouched, so a kernel that uses them
-// must first refuse tensors of another device, as PyTorch's kernels do.
+// Chapter 10's device check (device_views.h), over a routed op's tensors.
 inline void check_same_device(const char* op, c10::Device device,
                               std::initializer_list<at::Tensor> tensors) {
-  for (const at::Tensor& t : tensors) {
-    TORCH_CHECK(!t.defined() || t.device() == device,
-                "Expected all tensors to be on the same device, but found at least two "
-                "devices, ", device, " and ", t.device(), "! (in the ",
-                c10::DeviceType::PrivateUse1, " kernel for ", op, ")");
-  }
+  for (const at::Tensor& t : tensors) check_device(op, device, t);
 }
 
 // The routed ops compute on device views into CPU results; this writes one
