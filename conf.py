@@ -52,3 +52,6 @@ sphinx_tabs_disable_tab_closing = True
 # Failing cells show their exception line (tools/chapter_support.py), not an
 # IPython traceback: render them as plain text.
 nb_render_error_lexer = "text"
+# Cells that display Markdown (chapter 0's contract table, chapter 8's rename
+# answers) need tables, which the default, strict CommonMark, does not parse.
+nb_render_markdown_format = "myst"

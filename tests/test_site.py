@@ -147,6 +147,15 @@ def test_every_page_loads_cleanly_and_fits(site, server, browser):
     assert max(chapter_weights) < 1_500_000, report.read_text()
 
 
+def test_tables_made_by_cells_are_tables(site):
+    """A cell that displays a Markdown table (chapter 0's contract, chapter 8's
+    answers) renders as a table, not as a paragraph of pipes."""
+    for page in all_pages(site):
+        assert not re.search(r"<p>\|[^<]*\|", (site / page).read_text()), page
+    contract = (site / chapter_page(CHAPTERS[0])).read_text()
+    assert re.search(r"<th[^>]*>(<p>)?\s*runtime calls\s*(</p>)?</th>", contract)
+
+
 def test_root_sends_readers_to_the_book(site, server, browser):
     visit = Visit(browser, server, WIDTHS["desktop"])
     visit.page.wait_for_url("**/docs/index.html")
