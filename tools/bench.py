@@ -85,48 +85,20 @@ def worker(rounds: int, loop_number: int, cycles: int) -> dict:
     """Times the ops in this process (one stage, one ACME_CHECKED); prints JSON."""
     import warnings
 
+    import timing  # tools/timing.py: the method the chapters' quick figures use too
     import torch
     import torch_acme  # noqa: F401
     from torch_acme import _build_info
 
     warnings.simplefilter("ignore")  # the fallback's notes, once per op
     dev = torch._C._get_privateuse1_backend_name()
-    timer = time.perf_counter
-
-    # From chapter 18 an acme op returns before its kernel ran: a timing of acme
-    # work ends with a synchronize, so it counts the work and not only the launches.
-    sync = torch.accelerator.synchronize
+    sync = torch.accelerator.synchronize  # ends a span of acme work (timing.timed)
 
     def timed(fn, number, device_work=False):
-        fn()  # warm up (first-call costs, allocator caches)
-        if device_work:
-            sync()
-        start = timer()
-        for _ in range(number):
-            fn()
-        if device_work:
-            sync()
-        return (timer() - start) / number
+        return timing.timed(fn, number, sync if device_work else None)
 
     def compare(on_cpu, on_acme, number):
-        """acme/CPU ratio: median of per-round ratios; the two alternate within a round."""
-        cpu_times, acme_times, ratios = [], [], []
-        # One untimed round each first: a process's first large allocations
-        # fault in fresh pages on both sides, which is not what a round measures.
-        timed(on_cpu, number)
-        timed(on_acme, number, device_work=True)
-        for _ in range(rounds):
-            c = timed(on_cpu, number)
-            a = timed(on_acme, number, device_work=True)
-            cpu_times.append(c)
-            acme_times.append(a)
-            ratios.append(a / c)
-        return {"ratio": statistics.median(ratios), "cpu_s": statistics.median(cpu_times),
-                "acme_s": statistics.median(acme_times), "rounds": rounds, "number": number,
-                # How much acme's own time moves from round to round (the ratios
-                # also move with the CPU's).
-                "ratios": ratios, "spread": max(acme_times) / min(acme_times),
-                "cpu_times": cpu_times, "acme_times": acme_times}
+        return timing.compare(on_cpu, on_acme, number, rounds, sync)
 
     results: dict = {"stage": _build_info.STAGE, "threads": torch.get_num_threads()}
 
