@@ -137,6 +137,33 @@ def test_device_1_tensors_come_back_on_device_1(no_leaks, on_device_0):
     assert torch_acme.device.current_device() == 0  # the restore left device 0 current
 
 
+def test_a_model_trained_on_device_1_matches_the_cpu_and_saves_there(no_leaks, on_device_0):
+    # Most chapters at once: the guard (device 1), ops through acme's kernels and
+    # the fallback with their backwards, an optimizer, and the state saved and loaded.
+    def train(device):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                  torch.nn.Linear(8, 1)).to(device)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        x, y = torch.randn(16, 4).to(device), torch.randn(16, 1).to(device)
+        for _ in range(3):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            opt.step()
+        return net, loss
+
+    net, loss = train(DEVICE1)
+    net_cpu, loss_cpu = train("cpu")
+    assert loss.device == torch.device(DEVICE1)
+    torch.testing.assert_close(loss.cpu(), loss_cpu, rtol=1e-5, atol=1e-6)
+    restored = round_trip(net.state_dict())
+    for key, value in net.state_dict().items():
+        assert restored[key].device == torch.device(DEVICE1), key
+        assert torch.equal(restored[key].cpu(), value.cpu()), key
+        torch.testing.assert_close(value.cpu(), net_cpu.state_dict()[key], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("map_location", [DEVICE1, torch.device(DEVICE1), {DEVICE0: DEVICE1},
                                           lambda storage, location: storage.to(device=torch.device(DEVICE1))],
                          ids=["str", "torch.device", "dict", "callable"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -65,3 +66,35 @@ def test_the_readme_and_the_index_page_name_the_release_the_book_pins():
     index = (versions.ROOT / "docs" / "index.md").read_text()
     assert f"**PyTorch {pinned}**" in index
     assert all(release in index for release in versions.RELEASES), versions.RELEASES
+
+
+def test_the_index_pages_older_advice_is_out_of_date_on_this_release():
+    # The rows of docs/index.md's "Advice you may have read elsewhere", each read
+    # from the running release's sources.
+    import inspect
+    import re
+
+    import torch
+    from torch.amp import autocast_mode
+
+    index = (versions.ROOT / "docs" / "index.md").read_text()
+    assert "## Advice you may have read elsewhere" in index
+    include = Path(torch.__file__).parent / "include"
+    # Autocast asks a PrivateUse1 device module for one function only.
+    source = inspect.getsource(autocast_mode.autocast.__init__)
+    assert set(re.findall(r"custom_device_mod\.(\w+)", source)) == {"get_amp_supported_dtype"}
+    # The generator macro's registry serves getNewGenerator's default; nothing
+    # serves getDefaultGenerator but the backend's hooks.
+    hooks = (include / "ATen/detail/PrivateUse1HooksInterface.h").read_text()
+    default = re.search(r"getDefaultGenerator\(.*?\{(.*?)\}", hooks, re.S).group(1)
+    new = re.search(r"Generator getNewGenerator\(.*?\{(.*?)\n  \}", hooks, re.S).group(1)
+    assert "FAIL_PRIVATEUSE1HOOKS_FUNC" in default and "GetGeneratorPrivate" not in default
+    assert "GetGeneratorForPrivateuse1" in new
+    # AutoNonVariableTypeMode warns that it is deprecated.
+    legacy = (include / "ATen/core/LegacyTypeDispatch.h").read_text()
+    assert "AutoNonVariableTypeMode is deprecated" in legacy
+    # Tensor pickling singles out only PrivateUse1 tensors *without* storage;
+    # those with storage take the generic route (test_serialization.py saves
+    # and loads them, nothing patched).
+    reduce = inspect.getsource(torch.Tensor._reduce_ex_internal)
+    assert "not torch._C._has_storage(self)" in reduce and "_get_privateuse1_backend_name" in reduce
