@@ -4,6 +4,7 @@ interpreter is started when the child could tell the difference."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -75,3 +76,30 @@ def test_what_torch_reads_at_import_gets_a_new_interpreter():
                                                    TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
     assert sys.executable == preforked.python(
         ["-c", "import sys; print(sys.executable)"], stage_env(LAST)).stdout.strip()
+
+
+OWNER = """
+import os, signal, sys
+sys.path.insert(0, {tools!r})
+import preforked
+done = preforked.python(["-c", "print('hello')"], preforked.server_env())
+assert done.stdout == "hello\\n", done
+[server] = preforked._servers.values()
+print(server.folder, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no atexit: as a notebook's kernel is shut down
+"""
+
+
+def test_a_server_whose_owner_dies_removes_its_folder():
+    tools = os.path.dirname(preforked.__file__)
+    owner = subprocess.run([sys.executable, "-c", OWNER.format(tools=tools)],
+                           capture_output=True, text=True, timeout=300)
+    assert owner.returncode == -9, owner.stderr
+    folder = owner.stdout.strip()
+    assert folder and "acme-preforked-" in folder, owner.stdout
+    # The server reads the end of its input when its owner dies, then removes the folder.
+    for _ in range(600):
+        if not os.path.exists(folder):
+            break
+        time.sleep(0.1)
+    assert not os.path.exists(folder)

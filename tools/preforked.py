@@ -36,9 +36,10 @@ VARYING = ("PYTHONPATH", "PYTEST_CURRENT_TEST", "PYTHONWARNINGS")
 WARNING_ACTIONS = ("", "ignore", "error", "default", "always")
 
 SERVER = r"""
-import importlib, json, os, sys, types, warnings
+import importlib, json, os, shutil, sys, types, warnings
 import torch  # what every child would import first: the cost paid once
-for name in sys.argv[1:]:  # and what the caller said all its children import
+folder = sys.argv[1]  # the children's output files
+for name in sys.argv[2:]:  # and what the caller said all its children import
     importlib.import_module(name)
 
 reply = sys.stdout
@@ -83,6 +84,9 @@ for line in sys.stdin:
         sys.excepthook(type(error), error, error.__traceback__)
         sys.exit(1)
     sys.exit(0)
+# Input ended: the owner stopped, or died without its atexit handlers (a
+# notebook's kernel killed at shutdown). The folder goes with the server.
+shutil.rmtree(folder, ignore_errors=True)
 """
 
 
@@ -101,10 +105,10 @@ def server_env() -> dict[str, str]:
 class Server:
     def __init__(self, preload: tuple[str, ...] = ()) -> None:
         self.env = server_env()
-        self.process = subprocess.Popen([sys.executable, "-c", SERVER, *preload], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, env=self.env, text=True,
-                                        bufsize=1)
         self.folder = Path(tempfile.mkdtemp(prefix="acme-preforked-"))
+        self.process = subprocess.Popen([sys.executable, "-c", SERVER, str(self.folder), *preload],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env,
+                                        text=True, bufsize=1)
         if self.read(300) is None:
             raise RuntimeError("the process server did not start")
 
