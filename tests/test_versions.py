@@ -4,11 +4,14 @@ and sources say today, and the header parser reads what a backend must see."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
 import torch
+from torch.amp import autocast_mode
 
 from tools import versions
 
@@ -71,12 +74,6 @@ def test_the_readme_and_the_index_page_name_the_release_the_book_pins():
 def test_the_index_pages_older_advice_is_out_of_date_on_this_release():
     # The rows of docs/index.md's "Advice you may have read elsewhere", each read
     # from the running release's sources.
-    import inspect
-    import re
-
-    import torch
-    from torch.amp import autocast_mode
-
     index = (versions.ROOT / "docs" / "index.md").read_text()
     assert "## Advice you may have read elsewhere" in index
     include = Path(torch.__file__).parent / "include"
