@@ -194,3 +194,50 @@ def test_form_check_sees_named_tuples_and_aliasing():
         suite._check_form(inputs, x.view(2, 2), inputs, x.clone(), inputs)
     with pytest.raises(suite.Mismatch, match="structure differs"):
         suite._check_form(inputs, torch.frexp(x), inputs, tuple(torch.frexp(x)), inputs)
+
+
+
+ONLY_FOR = """
+import torch, torch_acme
+from torch.testing._internal.common_device_type import instantiate_device_type_tests
+from torch.testing._internal.common_utils import TestCase
+
+class TestTiny(TestCase):
+    def test_device(self, device):
+        pass
+
+scope = {{"TestTiny": TestTiny}}
+instantiate_device_type_tests(TestTiny, scope, only_for={name!r})
+made = scope[next(iter(scope))]
+print(made.__name__, sorted(n for n in dir(made) if n.startswith("test_device")))
+"""
+
+
+def test_only_for_takes_either_name_of_the_backend():
+    # Chapter 14: common_device_type normalises the backend's name, so
+    # only_for="privateuse1" and only_for="acme" make the same class (one
+    # instantiation per process: a second one would find the base renamed).
+    device = torch._C._get_privateuse1_backend_name()
+    made = {}
+    for name in ("privateuse1", device, "cpu"):
+        out = run_in_stage(LAST, ONLY_FOR.format(name=name))
+        assert out.returncode == 0, out.stderr
+        made[name] = out.stdout.strip().splitlines()[-1]
+    assert made["privateuse1"] == made[device] == f"TestTinyPRIVATEUSE1 ['test_device_{device}']", made
+    assert made["cpu"] == "TestTinyCPU ['test_device_cpu']", made
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_silu_backward_is_acmes_own_kernel_and_rounds_as_the_cpu(dtype):
+    # Chapter 14: a native kernel through silu_backward_stub, not the composite
+    # (which rounded differently) and not the CPU fallback (host round trips).
+    row = next(line for line in torch._C._dispatch_dump_table("aten::silu_backward").splitlines()
+               if line.startswith("PrivateUse1:"))
+    assert "native_kernels.cpp" in row, row
+    x = torch.linspace(-6, 6, 101, dtype=dtype)
+    grads = []
+    for device in ("cpu", torch._C._get_privateuse1_backend_name()):
+        xd = x.to(device, copy=True).requires_grad_()
+        torch.nn.functional.silu(xd).sum().backward()
+        grads.append(xd.grad.cpu())
+    assert torch.equal(grads[0], grads[1])

@@ -9,35 +9,9 @@
 #include <ATen/ops/pixel_unshuffle_native.h>
 //< ch14 pixel-shuffle-include
 #include <torch/library.h>
-//> ch16 shallow-copy-include
-
-#include "aten/packed_weights.h"
-//< ch16 shallow-copy-include
 
 namespace acme {
 namespace {
-
-//> ch14 shallow-copy
-// Module.to(device) keeps each Parameter object and swaps its data only when
-// `_has_compatible_shallow_copy_type(param, moved)` is true. c10's default
-// (TensorImpl::has_compatible_shallow_copy_type) lists CPU, CUDA, MPS, HIP,
-// XPU, HPU and MTIA as dense backends but not PrivateUse1, so a module moved to
-// acme got new Parameter objects: an optimizer built before `.to()` held the
-// old ones, and lazy modules lost their UninitializedParameter and failed.
-bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
-  auto dense = [](const at::Tensor& t) {
-    return t.layout() == c10::kStrided && (t.is_cpu() || t.is_privateuseone());
-  };
-//> ch16 shallow-copy-packed
-  // A packed weight (chapter 16) is an OpaqueTensorImpl, whose layout reads as
-  // strided: it must never lend its metadata to an ordinary tensor, nor take
-  // an ordinary tensor's (param.data = packed would break the parameter).
-  if (is_packed(self) != is_packed(from)) return false;
-//< ch16 shallow-copy-packed
-  if (dense(self) && dense(from)) return true;
-  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
-}
-//< ch14 shallow-copy
 
 //> ch14 batch-norm
 // native_batch_norm writes the running mean and variance in training mode, but
@@ -86,7 +60,6 @@ at::Tensor pixel_unshuffle(const at::Tensor& self, int64_t downscale_factor) {
 
 //> ch14 register-fixes
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(acme::has_compatible_shallow_copy_type));
   m.impl("native_batch_norm", TORCH_FN(acme::native_batch_norm));
 //> ch14 register-pixel-shuffle
   m.impl("pixel_shuffle", TORCH_FN(acme::pixel_shuffle));

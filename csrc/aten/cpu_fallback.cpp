@@ -264,9 +264,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // half precision, one element in twenty apart): ops with a CPU kernel and a
 // CompositeImplicitAutograd one. AutogradCPU skips the composite because the
 // CPU has a kernel; AutogradPrivateUse1 ran it, decomposing the op on acme.
-// A PrivateUse1 kernel makes the autograd key skip it on acme too.
+// A PrivateUse1 kernel makes the autograd key skip it on acme too. The hot
+// one, silu_backward, gets a native kernel (native_kernels.cpp); these two,
+// rarer, take the fallback at three host crossings a call until they do.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  for (const char* name : {"silu_backward", "mish_backward", "native_channel_shuffle"}) {
+  for (const char* name : {"mish_backward", "native_channel_shuffle"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&acme::cpu_fallback>());
   }
 }

@@ -22,6 +22,10 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/BinaryOps.h>
+//> ch14 silu-backward-include
+#include <ATen/native/Activation.h>
+#include <ATen/ops/silu_backward_native.h>
+//< ch14 silu-backward-include
 #include <ATen/native/Fill.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_log_softmax.h>
@@ -947,6 +951,24 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 #undef ACME_COMPARISON
 //< ch10 register-comparisons
 }
+
+//> ch14 silu-backward
+// silu's backward runs on every step of a SiLU or SwiGLU network. It has a
+// CPU kernel and a composite; with no acme kernel, the autograd key ran the
+// composite on acme, rounding differently from the CPU in half precision.
+// The chapter-10 route: ATen's structured class (its meta, and an impl that
+// calls silu_backward_stub), with acme's kernel at the stub.
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(silu_backward_stub,
+                              (&acme::iterator_kernel<silu_backward_stub, acme::binary>))
+}  // namespace at::native
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using SiluBackward = acme::Structured<at::native::structured_silu_backward_out, const at::Tensor&>;
+  m.impl("silu_backward", TORCH_FN(SiluBackward::functional));
+  m.impl("silu_backward.grad_input", TORCH_FN(SiluBackward::out));
+}
+//< ch14 silu-backward
 
 //> ch10 register-fill
 // ATen's own device-generic functions, which reach acme's fill_stub; and
