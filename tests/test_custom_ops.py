@@ -125,6 +125,83 @@ def test_bias_gelu_dispatch_table():
         assert "custom_ops.cpp" in rows[key] and "[kernel]" in rows[key], rows.get(key)
 
 
+def test_bias_gelu_second_derivative_raises_instead_of_zero():
+    for device in ("cpu", DEVICE):
+        x, b = leaves(torch.randn(2, 3), torch.randn(3), device=device)
+        (gx,) = torch.autograd.grad(torch.ops.acme.bias_gelu(x, b).sum(), x, create_graph=True)
+        with pytest.raises(RuntimeError, match="bias_gelu_backward.*not implemented|not implemented.*bias_gelu"):
+            gx.sum().backward()
+
+
+def test_bias_gelu_is_tagged_pt2_compliant():
+    for op in (torch.ops.acme.bias_gelu.default, torch.ops.acme.bias_gelu_backward.default):
+        assert torch.Tag.pt2_compliant_tag in op.tags
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_bias_gelu_under_autocast_is_what_its_pieces_give(dtype):
+    # A Linear's float16 output meets a float32 bias: the unfused gelu(x + bias)
+    # promotes, and so does the fused operator, on the CPU and on acme alike.
+    torch.manual_seed(4)
+    linear, bias, x = torch.nn.Linear(8, 6), torch.randn(6), torch.randn(5, 8)
+    with torch.autocast("cpu", dtype=dtype):
+        h = linear(x)
+        expected = F.gelu(h + bias)
+    assert h.dtype == dtype and expected.dtype == torch.float32
+    for device in ("cpu", DEVICE):
+        linear_d = torch.nn.Linear(8, 6).to(device)
+        linear_d.load_state_dict(linear.state_dict())
+        with torch.autocast(torch.device(device).type, dtype=dtype):
+            y = torch.ops.acme.bias_gelu(linear_d(x.to(device)), bias.to(device))
+        assert y.dtype == expected.dtype, (device, y.dtype)
+        torch.testing.assert_close(y.cpu(), expected, **tolerance(dtype))
+
+
+def test_custom_fwd_takes_the_devices_autocast_state():
+    # PyTorch's decorators for a Python autograd.Function under autocast:
+    # cast_inputs runs the forward in float32 with autocast off, and
+    # custom_bwd runs the backward under the forward's autocast state.
+    seen = {}
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type=DEVICE, cast_inputs=torch.float32)
+        def forward(ctx, x):
+            seen["forward"] = (x.dtype, torch.is_autocast_enabled(DEVICE))
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type=DEVICE)
+        def backward(ctx, grad):
+            seen["backward"] = torch.is_autocast_enabled(DEVICE)
+            (x,) = ctx.saved_tensors
+            return 2 * x * grad
+
+    x = torch.randn(4, device=DEVICE, dtype=torch.float16, requires_grad=True)
+    with torch.autocast(DEVICE, dtype=torch.float16):
+        y = Square.apply(x)
+    y.sum().backward()
+    assert seen == {"forward": (torch.float32, False), "backward": False}, seen
+    assert y.dtype == torch.float32 and x.grad.dtype == torch.float16
+    torch.testing.assert_close(x.grad.cpu(), 2 * x.detach().cpu())
+
+
+def test_a_fallthrough_on_a_floating_output_drops_the_gradient_silently():
+    # Why chapter 15 keeps fallthroughs for integer outputs: on a float one,
+    # the output simply does not require grad, and nothing says so.
+    lib = torch.library.Library("acme_fallthrough_demo", "FRAGMENT")
+    lib.define("twice(Tensor x) -> Tensor")
+    # A kernel computes on the data, as a device kernel does (not through
+    # differentiable ATen calls, which would record their own graph).
+    lib.impl("twice", lambda x: x.detach() * 2, "CPU")
+    lib.impl("twice", torch.library.fallthrough_kernel, "AutogradCPU")
+    x = torch.ones(3, requires_grad=True)
+    y = torch.ops.acme_fallthrough_demo.twice(x)
+    assert not y.requires_grad and y.grad_fn is None
+    lib._destroy()
+
+
 # ---- acme::swiglu (Python: torch.library.custom_op) ----
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
@@ -148,9 +225,12 @@ def test_swiglu_refuses_mismatched_shapes():
         torch.ops.acme.swiglu(torch.ones(2, 3, device=DEVICE), torch.ones(3, 2, device=DEVICE))
 
 
-def test_swiglu_is_registered_under_the_device_name():
-    table = torch._C._dispatch_dump_table(f"{torch_acme.DEVICE_NAME}::swiglu")
-    assert "PrivateUse1: registered" in table and "CPU: registered" in table
+def test_swiglu_is_in_the_products_namespace_beside_bias_gelu():
+    # The namespace is the product's in Python as in C++ (chapter 8): a
+    # renamed device (test_packaging's npu copy) keeps torch.ops.acme.
+    for op in ("acme::swiglu", "acme::bias_gelu"):
+        table = torch._C._dispatch_dump_table(op)
+        assert "PrivateUse1: registered" in table and "CPU: registered" in table, op
 
 
 # ---- boxkit::nms (a third-party operator; acme adds the device kernel) ----
@@ -191,7 +271,7 @@ def test_nms_refuses_mixed_devices():
         boxkit.nms(boxes.to(DEVICE), scores, 0.5)
 
 
-# ---- aten::rms_norm (CompositeImplicitAutograd, overridden for acme) ----
+# ---- aten::rms_norm: acme's kernels behind it, at _fused_rms_norm ----
 
 RMS_CASES = [((4, 16), (16,), True, None), ((2, 3, 8), (3, 8), True, 1e-3),
              ((5, 7), (7,), False, None), ((3, 0), (0,), True, None)]
@@ -204,48 +284,100 @@ def test_rms_norm_matches_the_composite(shape, normalized, weighted, eps, dtype)
     x = torch.randn(shape, dtype=dtype)
     weight = torch.randn(normalized, dtype=dtype) if weighted else None
     expected = F.rms_norm(x, normalized, weight, eps)
-    with torch.no_grad():  # the fused kernel's path
-        fused = F.rms_norm(x.to(DEVICE), normalized, None if weight is None else weight.to(DEVICE), eps)
+    fused = F.rms_norm(x.to(DEVICE), normalized, None if weight is None else weight.to(DEVICE), eps)
     torch.testing.assert_close(fused.cpu(), expected, **tolerance(dtype))
 
 
-def test_rms_norm_paths_fused_without_grad_composite_with_grad():
-    x, w = torch.randn(4, 16, device=DEVICE), torch.randn(16, device=DEVICE)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("shape, normalized, weighted, eps", RMS_CASES, ids=str)
+def test_fused_rms_norm_returns_the_cpus_rstd(shape, normalized, weighted, eps, dtype):
+    # The second output is what autograd saves for the backward: its shape,
+    # dtype (float for 16-bit inputs) and values are the composite's.
+    torch.manual_seed(5)
+    x = torch.randn(shape, dtype=dtype)
+    weight = torch.randn(normalized, dtype=dtype) if weighted else None
+    _, expected = torch._fused_rms_norm(x, list(normalized), weight, eps)
+    _, rstd = torch._fused_rms_norm(x.to(DEVICE), list(normalized),
+                                    None if weight is None else weight.to(DEVICE), eps)
+    assert rstd.dtype == expected.dtype and rstd.shape == expected.shape
+    torch.testing.assert_close(rstd.cpu(), expected, equal_nan=True, **tolerance(dtype))
 
-    def ops_run(**grad):
-        xi, wi = x.clone().requires_grad_(**grad), w.clone()
-        with torch.profiler.profile() as prof:
-            F.rms_norm(xi, (16,), wi)
-        return {e.name for e in prof.events()}
 
-    assert "aten::pow" not in ops_run(requires_grad=False)
-    assert "aten::pow" in ops_run(requires_grad=True)
+def test_rms_norm_runs_the_fused_kernels_both_ways():
+    x, w = torch.randn(4, 16, device=DEVICE, requires_grad=True), torch.randn(16, device=DEVICE)
+    with torch.profiler.profile() as prof:
+        F.rms_norm(x, (16,), w).sum().backward()
+    names = {e.name for e in prof.events()}
+    assert {"aten::_fused_rms_norm", "aten::_fused_rms_norm_backward"} <= names, names
+    assert "aten::pow" not in names and "aten::rsqrt" not in names, names
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_rms_norm_gradients_match_the_cpu(dtype):
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_rms_norm_gradients_match_the_cpu(dtype, weighted):
     torch.manual_seed(3)
-    x, w = torch.randn(3, 4, 8, dtype=dtype), torch.randn(8, dtype=dtype)
+    x, w = torch.randn(3, 4, 8, dtype=dtype), torch.randn(4, 8, dtype=dtype)
     x_cpu, w_cpu = leaves(x, w, device="cpu")
     x_dev, w_dev = leaves(x, w, device=DEVICE)
-    F.rms_norm(x_cpu, (8,), w_cpu).square().sum().backward()
-    F.rms_norm(x_dev, (8,), w_dev).square().sum().backward()
-    torch.testing.assert_close(x_dev.grad.cpu(), x_cpu.grad)
-    torch.testing.assert_close(w_dev.grad.cpu(), w_cpu.grad)
+    grads = torch.randn(3, 4, 8, dtype=dtype)
+    F.rms_norm(x_cpu, (4, 8), w_cpu if weighted else None).backward(grads)
+    F.rms_norm(x_dev, (4, 8), w_dev if weighted else None).backward(grads.to(DEVICE))
+    torch.testing.assert_close(x_dev.grad.cpu(), x_cpu.grad, **tolerance(dtype))
+    if weighted:
+        torch.testing.assert_close(w_dev.grad.cpu(), w_cpu.grad, **tolerance(dtype))
 
 
-def test_rms_norm_complex_and_bad_shapes_go_to_the_composite():
+def test_rms_norm_second_derivative_matches_the_cpu():
+    # With create_graph, PyTorch's formula differentiates in ATen operators
+    # (acme's backward kernel serves only the first derivative).
+    x = torch.randn(2, 5, dtype=torch.float64)
+
+    def second(device):
+        xi = x.to(device).requires_grad_()
+        (g,) = torch.autograd.grad(F.rms_norm(xi, (5,)).pow(3).sum(), xi, create_graph=True)
+        (gg,) = torch.autograd.grad(g.sum(), xi)
+        return gg.cpu()
+
+    torch.testing.assert_close(second(DEVICE), second("cpu"))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "channels_last"])
+def test_rms_norm_results_have_the_cpus_strides(layout):
+    x = torch.randn(2, 3, 4, 5)
+    x = x.transpose(0, 2) if layout == "transposed" else x.to(memory_format=torch.channels_last)
+    expected = F.rms_norm(x, (5,))
+    result = F.rms_norm(x.to(DEVICE), (5,))
+    assert result.stride() == expected.stride(), (result.stride(), expected.stride())
+    torch.testing.assert_close(result.cpu(), expected)
+
+
+def test_rms_norm_complex_mixed_dtypes_and_bad_shapes_as_on_the_cpu():
+    # rms_norm itself sends these to its composite before _fused_rms_norm.
     z = torch.randn(2, 4, dtype=torch.complex64)
-    with torch.no_grad():
-        torch.testing.assert_close(F.rms_norm(z.to(DEVICE), (4,)).cpu(), F.rms_norm(z, (4,)))
-        with pytest.raises(RuntimeError, match="normalized_shape"):
-            F.rms_norm(torch.ones(2, 4, device=DEVICE), (3,))
+    zc, zd = z.clone().requires_grad_(), z.to(DEVICE).requires_grad_()
+    F.rms_norm(zc, (4,)).abs().sum().backward()
+    F.rms_norm(zd, (4,)).abs().sum().backward()
+    torch.testing.assert_close(zd.grad.cpu(), zc.grad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Mismatch dtype between input and weight", on both
+        half, weight = torch.randn(2, 4, dtype=torch.half), torch.randn(4)
+        torch.testing.assert_close(F.rms_norm(half.to(DEVICE), (4,), weight.to(DEVICE)).cpu(),
+                                   F.rms_norm(half, (4,), weight))
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        F.rms_norm(torch.ones(2, 4, device=DEVICE), (3,))
 
 
-def test_rms_norm_dispatch_table_after_the_override():
-    rows = {line.split(":")[0]: line for line in torch._C._dispatch_dump_table("aten::rms_norm").splitlines()}
-    assert "rms_norm.cpp" in rows["PrivateUse1"] and "rms_norm.cpp" in rows["AutogradPrivateUse1"]
-    assert "[math kernel]" in rows["CPU"] and "[math kernel]" in rows["AutogradCPU"]
+def test_rms_norm_dispatch_tables():
+    def rows(op):
+        return {line.split(":")[0]: line for line in torch._C._dispatch_dump_table(op).splitlines()}
+
+    fused = rows("aten::_fused_rms_norm")
+    assert "rms_norm.cpp" in fused["PrivateUse1"]
+    # A backend kernel moves the autograd key from the composite to PyTorch's
+    # generated autograd kernel, as on CUDA.
+    assert "[autograd kernel]" in fused["AutogradPrivateUse1"] and "VariableType" in fused["AutogradPrivateUse1"]
+    assert "rms_norm.cpp" in rows("aten::_fused_rms_norm_backward")["PrivateUse1"]
+    assert "[math kernel]" in rows("aten::rms_norm")["PrivateUse1"]
 
 
 # ---- opcheck and torch.compile, every custom operator ----

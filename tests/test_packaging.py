@@ -180,6 +180,7 @@ with warnings.catch_warnings(record=True) as caught:  # a message from the C++ g
 message = str(caught[0].message) if caught else ""
 print(json.dumps({"loaded": loaded, "match": match, "losses": [device_loss, cpu_loss],
                   "module": hasattr(torch, name), "method": hasattr(torch.Tensor, name),
+                  "ops": [hasattr(torch.ops.acme, op) for op in ("bias_gelu", "swiglu")],
                   "message": message}))
 """
 
@@ -239,3 +240,4 @@ def test_vendor_copies_installs_and_renames_the_final_stage(tmp_path):
     renamed = train(python, "npu")
     assert renamed["loaded"] and renamed["match"] and renamed["module"] and renamed["method"], renamed
     assert renamed["message"].startswith("npu: aten::abs has no npu kernel"), renamed["message"]
+    assert renamed["ops"] == [True, True], renamed  # the product's namespace, not the device's

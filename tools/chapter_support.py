@@ -341,6 +341,8 @@ def dispatch_rows(table: str, keys: list[str]) -> dict[str, str]:
             found[match.group(1)] = "composite (math kernel)"
         elif source == "VariableFallbackKernel.cpp":
             found[match.group(1)] = "autograd fallback"
+        elif source.startswith("VariableType"):
+            found[match.group(1)] = "generated autograd kernel"
         elif source == "cpu_fallback.cpp":
             found[match.group(1)] = "CPU fallback (cpu_fallback.cpp)"
         elif source == "library.py":

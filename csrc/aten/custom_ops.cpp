@@ -11,6 +11,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -23,13 +25,15 @@ namespace acme {
 namespace {
 
 //> ch15 schema
-// The C++ namespace is a token, not a string: it cannot follow DEVICE_NAME in
-// the Python package. A vendor renaming the device renames it here too.
+// The namespace is the product's, not the device's (chapter 8): it stays
+// `acme` when a vendor renames the device. pt2_compliant_tag promises
+// torch.compile that the operator passes opcheck (below).
 TORCH_LIBRARY_FRAGMENT(acme, m) {
-  m.def("bias_gelu(Tensor x, Tensor bias) -> Tensor");
+  m.def("bias_gelu(Tensor x, Tensor bias) -> Tensor", {at::Tag::pt2_compliant_tag});
   // Returns (grad_x, grad_bias). An operator in its own right, so that
   // torch.compile sees it in the backward graph instead of its pieces.
-  m.def("bias_gelu_backward(Tensor grad, Tensor x, Tensor bias) -> (Tensor, Tensor)");
+  m.def("bias_gelu_backward(Tensor grad, Tensor x, Tensor bias) -> (Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
 }
 //< ch15 schema
 
@@ -210,5 +214,41 @@ TORCH_LIBRARY_IMPL(acme, AutogradCPU, m) {
   m.impl("bias_gelu", TORCH_FN(bias_gelu_autograd));
 }
 //< ch15 register
+
+//> ch15 not-differentiable
+// The backward has no backward of its own. Registered at the autograd keys,
+// this kernel makes a second derivative raise ("... is not implemented").
+// Without it the default autograd fallback ("warn" mode) warns and the
+// second derivative never reaches the input: its .grad stays None.
+TORCH_LIBRARY_IMPL(acme, AutogradPrivateUse1, m) {
+  m.impl("bias_gelu_backward", torch::autograd::autogradNotImplementedFallback());
+}
+TORCH_LIBRARY_IMPL(acme, AutogradCPU, m) {
+  m.impl("bias_gelu_backward", torch::autograd::autogradNotImplementedFallback());
+}
+//< ch15 not-differentiable
+
+//> ch15 autocast
+// Under autocast, a float16 activation meets a float32 bias (a Linear's
+// output and a parameter). The fused operator does what its unfused pieces
+// would, gelu(x + bias): it computes in the promoted dtype. The autocast keys
+// are excluded so the call below goes on to the kernels.
+namespace {
+at::Tensor bias_gelu_autocast(const at::Tensor& x, const at::Tensor& bias) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const auto dtype = at::promoteTypes(x.scalar_type(), bias.scalar_type());
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("acme::bias_gelu", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.call(x.to(dtype), bias.to(dtype));
+}
+}  // namespace
+TORCH_LIBRARY_IMPL(acme, AutocastPrivateUse1, m) {
+  m.impl("bias_gelu", TORCH_FN(bias_gelu_autocast));
+}
+TORCH_LIBRARY_IMPL(acme, AutocastCPU, m) {
+  m.impl("bias_gelu", TORCH_FN(bias_gelu_autocast));
+}
+//< ch15 autocast
 
 }  // namespace acme

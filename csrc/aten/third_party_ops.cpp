@@ -80,8 +80,9 @@ constexpr const char* kNmsSchema =
     "boxkit::nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor";
 
 void nms_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // A loaded library's schema does not change: compared on the first call only.
   static const std::string written_for = c10::toString(torch::jit::parseSchema(kNmsSchema));
-  const std::string loaded = c10::toString(op.schema());
+  static const std::string loaded = c10::toString(op.schema());
   TORCH_CHECK(loaded == written_for, "The ", c10::DeviceType::PrivateUse1,
               " kernel for boxkit::nms was written for\n  ",
               written_for, "\nbut the loaded library defines\n  ", loaded,
@@ -100,10 +101,11 @@ TORCH_LIBRARY_IMPL(boxkit, PrivateUse1, m) {
 //< ch15 register-nms
 
 //> ch15 nms-fallthrough
-// nms returns indices: there is nothing to differentiate. A fallthrough at
-// the autograd key says so, and the dispatcher skips the key instead of
-// running the autograd fallback (which, in its "error" mode, refuses an op
-// without an autograd kernel whenever an input requires grad).
+// nms returns indices, which cannot carry a gradient. A fallthrough at the
+// autograd key skips the key instead of running PyTorch's autograd fallback,
+// a boxed kernel that inspects every call (and refuses it in "error" mode).
+// Only for outputs that cannot require grad: on a floating output a
+// fallthrough drops the gradient silently (see custom_ops.cpp instead).
 TORCH_LIBRARY_IMPL(boxkit, AutogradPrivateUse1, m) {
   m.impl("nms", torch::CppFunction::makeFallthrough());
 }

@@ -15,8 +15,9 @@ from . import DEVICE_NAME
 
 
 #> ch15 custom-op
-# The namespace follows the device name here (Python builds the string).
-@torch.library.custom_op(f"{DEVICE_NAME}::swiglu", mutates_args=(),
+# The namespace is the product's, as in C++ (custom_ops.cpp); the devices
+# follow DEVICE_NAME.
+@torch.library.custom_op("acme::swiglu", mutates_args=(),
                          device_types=("cpu", DEVICE_NAME))
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     torch._check(gate.shape == up.shape, lambda: f"swiglu: gate {tuple(gate.shape)} "

@@ -6,7 +6,7 @@ tensors only if it knows how the operator's outputs are sharded given its
 inputs' shardings: a *strategy*, registered per operator. PyTorch registers
 strategies for its own operators, but an operator only a backend reaches has
 none, and DTensor refuses it ("does not have a sharding strategy
-registered"). acme reaches four such operators:
+registered"). acme reaches two groups of them:
 
 - ``aten::_scaled_dot_product_fused_attention_overrideable`` and its backward:
   where SDPA goes on a PrivateUse1 device (chapter 13). Their arguments line
@@ -15,8 +15,9 @@ registered"). acme reaches four such operators:
 - ``acme::bias_gelu`` (and its backward) and ``acme::swiglu``: acme's custom
   operators (chapter 15), elementwise, registered with DTensor's public
   ``register_sharding``.
-- ``aten::rms_norm``, which acme sends to a fused kernel without autograd:
-  without a strategy DTensor decomposes it and the kernel never runs.
+
+``aten::rms_norm`` needs none: acme's kernels serve ``aten::_fused_rms_norm``
+and its backward (chapter 15), which DTensor's own strategies cover.
 
 ``register()`` runs when the first acme process group is made: importing
 DTensor costs more than half a second, which a program that never makes a
@@ -28,8 +29,6 @@ from __future__ import annotations
 import types
 
 import torch
-
-from . import DEVICE_NAME
 
 _registered = False
 
@@ -91,18 +90,6 @@ def register() -> None:
         return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(validate=False),
                                                op_schema, strategies, input_index=4)
 
-    # rms_norm(input, normalized_shape, weight?, eps?): split any dimension but
-    # the normalized ones; the weight stays whole.
-    @register_op_strategy(aten.rms_norm.default, schema_info=RuntimeSchemaInfo(1))
-    def rms_norm(op_schema):
-        x, normalized_shape, *rest = op_schema.args_schema
-        weight = [Replicate()] if rest and isinstance(rest[0], OpStrategy) else []
-        strategies = [[Replicate(), Replicate(), *weight]]
-        for d in range(x.strategies[0].output_spec.ndim - len(normalized_shape)):
-            strategies.append([Shard(d), Shard(d), *weight])
-        return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema,
-                                               strategies, input_index=1)
-
     # The custom operators: x whole or split on any dimension; bias (x's last
     # dimension) split with x's last dimension, whole otherwise.
     def x_and_bias(x):
@@ -122,7 +109,7 @@ def register() -> None:
             return pb if isinstance(px, Replicate) or px.dim == x.ndim - 1 else Partial()
         return [([px, bias_grad(px, pb)], [px, px, pb]) for px, pb in x_and_bias(x)]
 
-    @register_sharding(getattr(torch.ops, DEVICE_NAME).swiglu.default)  # named after the device
+    @register_sharding(torch.ops.acme.swiglu.default)
     def swiglu(gate, up):
         return [([p], [p, p]) for p in [Replicate()] + [Shard(d) for d in range(gate.ndim)]]
 
