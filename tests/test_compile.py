@@ -321,6 +321,32 @@ def test_the_backend_code_version_is_in_the_cache_key():
     assert seen == ["miss", "hit", "miss"]
 
 
+def test_the_compile_fx_patch_is_in_place_and_the_users_options_win(monkeypatch):
+    # Chapter 20's one patch of Inductor: compile_fx replaced process-wide. It
+    # relies on torch.compile's Inductor backend importing compile_fx at each
+    # call; a release that imports it once would silently bypass the settings.
+    import inspect
+
+    import torch._dynamo.backends.inductor as inductor_backend
+    import torch._inductor.compile_fx as compile_fx_module
+    from torch_acme import inductor
+
+    assert compile_fx_module.compile_fx is inductor.compile_fx
+    assert "from torch._inductor.compile_fx import compile_fx" in inspect.getsource(inductor_backend.inductor)
+    seen, real = [], inductor._compile_fx
+
+    def original(model, example_inputs, *args, config_patches=None, **kwargs):
+        seen.append(config_patches)
+        return real(model, example_inputs, *args, config_patches=config_patches, **kwargs)
+
+    monkeypatch.setattr(inductor, "_compile_fx", original)
+    torch.compile(lambda t: t.sin() + 1, options={"fallback_random": False})(torch.randn(4, device="acme"))
+    torch.compile(lambda t: t.cos() + 1)(torch.randn(4))  # a CPU graph: no settings
+    acme_patches, cpu_patches = seen[0], seen[-1]
+    assert acme_patches["cuda_backend"] == "cpp" and acme_patches["fallback_random"] is False
+    assert not (cpu_patches or {}).get("cuda_backend"), cpu_patches
+
+
 # ---- Dynamo and the device's own calls ----
 
 def test_a_compiled_function_follows_the_current_device():

@@ -95,3 +95,15 @@ def test_the_index_pages_older_advice_is_out_of_date_on_this_release():
     # and loads them, nothing patched).
     reduce = inspect.getsource(torch.Tensor._reduce_ex_internal)
     assert "not torch._C._has_storage(self)" in reduce and "_get_privateuse1_backend_name" in reduce
+
+
+def test_inductor_still_declares_cuda_backend_without_cpp():
+    # Chapter 20 sets cuda_backend = "cpp" for acme's graphs, a value outside
+    # the declared Literal that works only because nothing validates it. A
+    # release that adds "cpp" (or starts validating) must be read again.
+    import typing
+
+    import torch._inductor.config as inductor_config
+
+    declared = typing.get_args(inductor_config.__annotations__["cuda_backend"])
+    assert "cpp" not in declared and "triton" in declared, declared
