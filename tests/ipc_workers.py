@@ -97,3 +97,14 @@ def return_and_exit(tensor, queue, received):
     """Shares a tensor it received back to its sender, then exits once it is taken."""
     queue.put(tensor)
     received.wait(60)
+
+
+def receive_twice(queue, report):
+    """Receives a tensor and then a view of it: one storage, mapped once."""
+    whole = queue.get(timeout=60)
+    after_one = opened()
+    part = queue.get(timeout=60)
+    after_two = opened()
+    part.fill_(5.0)  # through the view: seen by the whole tensor and the sender
+    same = whole.untyped_storage().data_ptr() == part.untyped_storage().data_ptr()
+    report.put((same, after_one, after_two, whole.cpu().tolist()))

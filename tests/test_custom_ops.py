@@ -279,28 +279,20 @@ RMS_CASES = [((4, 16), (16,), True, None), ((2, 3, 8), (3, 8), True, 1e-3),
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 @pytest.mark.parametrize("shape, normalized, weighted, eps", RMS_CASES, ids=str)
-def test_rms_norm_matches_the_composite(shape, normalized, weighted, eps, dtype):
+def test_rms_norm_and_its_rstd_match_the_composite(shape, normalized, weighted, eps, dtype):
+    # rstd, _fused_rms_norm's second output, is what autograd saves for the
+    # backward: its shape, dtype (float for 16-bit inputs) and values too.
     torch.manual_seed(2)
     x = torch.randn(shape, dtype=dtype)
     weight = torch.randn(normalized, dtype=dtype) if weighted else None
+    on_acme = None if weight is None else weight.to(DEVICE)
     expected = F.rms_norm(x, normalized, weight, eps)
-    fused = F.rms_norm(x.to(DEVICE), normalized, None if weight is None else weight.to(DEVICE), eps)
+    fused = F.rms_norm(x.to(DEVICE), normalized, on_acme, eps)
     torch.testing.assert_close(fused.cpu(), expected, **tolerance(dtype))
-
-
-@pytest.mark.parametrize("dtype", FLOATS, ids=str)
-@pytest.mark.parametrize("shape, normalized, weighted, eps", RMS_CASES, ids=str)
-def test_fused_rms_norm_returns_the_cpus_rstd(shape, normalized, weighted, eps, dtype):
-    # The second output is what autograd saves for the backward: its shape,
-    # dtype (float for 16-bit inputs) and values are the composite's.
-    torch.manual_seed(5)
-    x = torch.randn(shape, dtype=dtype)
-    weight = torch.randn(normalized, dtype=dtype) if weighted else None
-    _, expected = torch._fused_rms_norm(x, list(normalized), weight, eps)
-    _, rstd = torch._fused_rms_norm(x.to(DEVICE), list(normalized),
-                                    None if weight is None else weight.to(DEVICE), eps)
-    assert rstd.dtype == expected.dtype and rstd.shape == expected.shape
-    torch.testing.assert_close(rstd.cpu(), expected, equal_nan=True, **tolerance(dtype))
+    _, expected_rstd = torch._fused_rms_norm(x, list(normalized), weight, eps)
+    _, rstd = torch._fused_rms_norm(x.to(DEVICE), list(normalized), on_acme, eps)
+    assert rstd.dtype == expected_rstd.dtype and rstd.shape == expected_rstd.shape
+    torch.testing.assert_close(rstd.cpu(), expected_rstd, equal_nan=True, **tolerance(dtype))
 
 
 def test_rms_norm_runs_the_fused_kernels_both_ways():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import queue as queue_module
+import time
 import warnings
 
 import pytest
@@ -157,6 +158,27 @@ def test_a_receiver_killed_while_holding_memory_gives_it_back():
     assert receiver.exitcode == -9
     assert torch_acme.multiprocessing.ipc_collect() == 0  # the kernel dropped its lock
     assert ipc_workers.allocated() == before
+
+
+def test_two_sends_of_one_storage_arrive_as_one_storage_mapped_once():
+    # As CUDA's receiver does (PyTorch's shared_cache): without it the view
+    # arrived as a second storage over a second mapping, aliasing lost.
+    q, report = spawn.Queue(), spawn.Queue()
+    receiver = spawn.Process(target=ipc_workers.receive_twice, args=(q, report))
+    receiver.start()
+    t = torch.ones(1024, device=DEVICE)
+    q.put(t)
+    q.put(t[1:])
+    same, after_one, after_two, seen = report.get(timeout=120)
+    receiver.join(60)
+    assert receiver.exitcode == 0
+    assert same and after_one > 0 and after_two == after_one, (same, after_one, after_two)
+    assert seen == [1.0] + [5.0] * 1023 and t.cpu().tolist() == seen
+    for _ in range(100):  # both leases are let go once the receiver has exited
+        if torch_acme.multiprocessing.ipc_collect() == 0:
+            break
+        time.sleep(0.1)
+    assert torch_acme.multiprocessing.ipc_collect() == 0
 
 
 def test_storage_info_counts_sends():

@@ -279,6 +279,19 @@ def test_own_kernel_splits_offsets_beyond_32_bits():
         getattr(torch, NAME).empty_cache()
 
 
+@pytest.mark.skipif(_build_info.STAGE < 14, reason="chapter 14 gives silu_backward its kernel")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+                         ids=str)
+def test_silu_backward_through_its_stub(dtype):
+    grad, x = sample((4, 6), dtype), sample((4, 6), dtype, seed=3)
+    check(torch.ops.aten.silu_backward, grad, x, label=f"silu_backward {dtype}")
+    check(torch.ops.aten.silu_backward, grad, x, view=lambda g, t: (g.t(), t.t()),
+          label=f"silu_backward transposed {dtype}")
+    check(lambda g, t: torch.ops.aten.silu_backward(g, t, grad_input=torch.empty(0, dtype=dtype,
+                                                                                  device=t.device)),
+          grad, x, label=f"silu_backward.grad_input {dtype}")
+
+
 def test_scalar_into_a_wider_out():
     a = nonzero((3, 5), torch.float32)
     check(lambda x: torch.add(x, 1, out=torch.empty(0, dtype=torch.float64, device=x.device)), a,

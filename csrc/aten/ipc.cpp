@@ -228,4 +228,19 @@ at::Tensor open_shared_storage(const SharedStorage& shared, int64_t sender_pid) 
 }
 //< ch16 open
 
+//> ch16 release-lease
+void release_lease(int counter_fd) {
+  std::atomic<int64_t>* counter = nullptr;
+  try {
+    counter = open_counter(counter_fd);
+  } catch (...) {
+    close(counter_fd);
+    throw;
+  }
+  counter->fetch_sub(1);  // the receiver's reference, never locked
+  close_counter(counter);
+  close(counter_fd);
+}
+//< ch16 release-lease
+
 }  // namespace acme

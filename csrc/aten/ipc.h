@@ -33,4 +33,8 @@ at::Tensor open_shared_storage(const SharedStorage& shared, int64_t sender_pid);
 // many are still held elsewhere.
 size_t collect_shared();
 
+// A receiver that already holds the storage (a second send of it) hands the
+// new lease back at once, without opening the memory; closes counter_fd.
+void release_lease(int counter_fd);
+
 }  // namespace acme

@@ -1,7 +1,7 @@
 //@ ch15
 // A fused kernel behind a composite operator. aten::rms_norm is
-// CompositeImplicitAutograd: one kernel for every device. Since 2.13 that
-// kernel calls aten::_fused_rms_norm, an operator with CUDA, MPS and XPU
+// CompositeImplicitAutograd: one kernel for every device. On 2.13 to 2.15
+// that kernel calls aten::_fused_rms_norm, an operator with CUDA, MPS and XPU
 // kernels, a composite for every other device, and a derivative formula whose
 // backward is aten::_fused_rms_norm_backward. A vendor registers those two at
 // PrivateUse1, as CUDA does: autograd then uses PyTorch's own formula, and
@@ -42,7 +42,7 @@ bool covered(const at::Tensor& input, at::IntArrayRef normalized_shape,
 }
 
 // rstd has the input's leading sizes and ones for the normalized dimensions,
-// in the compute type (float for half and bfloat16), as CUDA's kernel returns.
+// in the compute type (float for half and bfloat16), as the composite's.
 std::vector<int64_t> rstd_shape(const at::Tensor& input, size_t dims) {
   std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end() - dims);
   shape.insert(shape.end(), dims, 1);
@@ -135,10 +135,12 @@ std::tuple<at::Tensor, at::Tensor> fused_rms_norm_backward(
     const at::Tensor& rstd, const std::optional<at::Tensor>& weight_opt, std::array<bool, 2> output_mask) {
   // No composite to fall back on here (CUDA and XPU alone have kernels), so
   // what the loops do not cover is a clear error, never a wrong gradient.
+  const bool has_weight = weight_opt.has_value() && weight_opt->defined();
   TORCH_CHECK_NOT_IMPLEMENTED(covered(input, normalized_shape, weight_opt),
                               "acme: the backward of rms_norm supports real floating inputs whose weight "
-                              "has the input's dtype, got ", input.scalar_type());
-  const bool has_weight = weight_opt.has_value() && weight_opt->defined();
+                              "has the input's dtype, got ", input.scalar_type(), " input",
+                              has_weight ? " and a weight of " : "",
+                              has_weight ? c10::toString(weight_opt->scalar_type()) : "");
   check_same_device("aten::_fused_rms_norm_backward", input.device(), {grad_out, rstd});
   if (has_weight) check_same_device("aten::_fused_rms_norm_backward", input.device(), {*weight_opt});
   const auto opmath = at::toOpMathType(input.scalar_type());

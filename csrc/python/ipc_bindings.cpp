@@ -23,6 +23,8 @@ void acme_bind_ipc(pybind11::module_& m) {
             {device, memory_fd, memory_size, offset, nbytes, counter_fd}, sender_pid);
       },
       "Open a storage another process shared, as a uint8 tensor over all of it.");
+  m.def("_release_lease", &acme::release_lease,
+        "Hand back a lease on a storage this process already holds (closes counter_fd).");
   m.def("_ipc_collect", &acme::collect_shared,
         "Release shared storages every receiver has let go of; returns how many are still held.");
   m.def(

@@ -68,15 +68,29 @@ def _rebuild_acme_tensor(cls, size, stride, storage_offset, dtype, requires_grad
             f"{DEVICE_NAME}: the process that sent this tensor (pid {sender}) exited before it "
             f"was received, so its memory cannot be opened. Keep a sending process alive until "
             f"its receivers have taken what it sent.") from error
-    try:
-        # counter_fd becomes the storage's: it holds the lease's lock, which
-        # closing any descriptor of that file would drop.
-        whole = _C._open_shared(device, memory_fd, memory_size, offset, nbytes, counter_fd,
-                                sender)
-    finally:
+    # One storage per sent storage, as CUDA's receiver keeps one (PyTorch's
+    # shared_cache): a second send of the same memory (the tensor again, a view
+    # of it) maps nothing new, and views of one storage stay views of one here.
+    # The memory file's identity and the storage's place in it name it.
+    found = os.fstat(memory_fd)
+    key = (DEVICE_NAME, found.st_dev, found.st_ino, offset, nbytes)
+    storage = torch_reductions.storage_from_cache(torch.UntypedStorage, key)
+    if storage is not None:
+        # The first send's lease keeps the memory; this one's is handed back.
         os.close(memory_fd)
-    tensor = torch.empty(0, dtype=dtype, device=whole.device)
-    tensor.set_(whole.untyped_storage(), storage_offset, size, stride)
+        _C._release_lease(counter_fd)
+    else:
+        try:
+            # counter_fd becomes the storage's: it holds the lease's lock, which
+            # closing any descriptor of that file would drop.
+            whole = _C._open_shared(device, memory_fd, memory_size, offset, nbytes, counter_fd,
+                                    sender)
+        finally:
+            os.close(memory_fd)
+        storage = whole.untyped_storage()
+        torch_reductions.shared_cache[key] = torch_reductions.StorageWeakRef(storage)
+    tensor = torch.empty(0, dtype=dtype, device=storage.device)
+    tensor.set_(storage, storage_offset, size, stride)
     return _as(cls, tensor, requires_grad)
 
 
