@@ -189,6 +189,28 @@ def test_device_time_is_when_the_stream_ran_it():
     assert sleep.time_range.start >= launch.time_range.start
 
 
+def test_a_schedule_gives_each_cycle_its_own_kernels():
+    # torch.profiler.schedule: the plugin's session starts and stops once per
+    # active window. Each trace must hold that window's kernels, none from
+    # another window, none twice.
+    x = torch.rand(32, 32, device="acme")
+    traces = []
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=3)
+    def ready(p):
+        steps = sorted(e.name for e in p.events() if e.name.startswith("step "))
+        traces.append((steps, sorted(e.name for e in device_events(p))))
+
+    with profile(activities=ACTIVITIES, schedule=schedule, on_trace_ready=ready) as prof:
+        for step in range(12):
+            with record_function(f"step {step}"):
+                x.mul(step)
+            torch.acme.synchronize()
+            prof.step()
+    # wait 1, warm up 1, record 2: steps 2-3, 6-7 and 10-11, a kernel each.
+    assert traces == [([f"step {a}", f"step {a + 1}"], ["mul_stub", "mul_stub"])
+                      for a in (2, 6, 10)], traces
+
+
 def test_cpu_only_profile_has_no_device_activity():
     x = torch.rand(64, 64, device="acme")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
