@@ -181,6 +181,15 @@ def test_two_sends_of_one_storage_arrive_as_one_storage_mapped_once():
     assert torch_acme.multiprocessing.ipc_collect() == 0
 
 
+def test_a_storage_made_directly_lands_on_the_device_it_names():
+    # torch.UntypedStorage(n, device=...) reaches acme's storage creation with
+    # PyTorch's device guard set (review 16.7 guessed it might not).
+    storage = torch.UntypedStorage(8, device=f"{DEVICE}:1")
+    assert storage.device == torch.device(DEVICE, 1)
+    assert torch.empty(0, device=f"{DEVICE}:1").set_(storage).device.index == 1
+    assert torch.accelerator.current_device_index() == 0
+
+
 def test_storage_info_counts_sends():
     t = torch.ones(4, device=DEVICE)
     info = torch_acme._C._storage_info(t)
