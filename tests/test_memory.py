@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 import json
 import random
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -20,7 +22,7 @@ import pytest
 import torch
 
 import torch_acme
-from conftest import LAST, run_in_stage
+from conftest import LAST, run_in_stage, stage_env
 from torch_acme import runtime
 
 pytestmark = pytest.mark.skipif(importlib.import_module("torch_acme._build_info").STAGE < 12,
@@ -105,6 +107,42 @@ def test_large_blocks_split_and_merge():
     big = torch.empty(25 * MiB, dtype=torch.uint8, device="acme")  # a segment of its own
     assert torch.acme.memory_stats()["reserved_bytes.large_pool.current"] == 46 * MiB
     del big
+
+
+# PYTORCH_ALLOC_CONF (chapter 12): a freed 40 MiB block, then a 24 MiB and a
+# 36 MiB request. By default the 24 MiB one splits the cached block; with
+# max_split_size_mb:32 that block is "oversize": the 24 MiB request gets a
+# segment of its own, and the 36 MiB one takes the 40 MiB block whole.
+ALLOC_CONF = """
+import json, sys, torch, torch_acme
+MiB = 1 << 20
+def state():
+    s = torch.accelerator.memory_stats()
+    return [s["segment.all.current"], s["reserved_bytes.all.current"] // MiB,
+            s["allocated_bytes.all.current"] // MiB]
+setting = sys.argv[1] if len(sys.argv) > 1 else None
+if setting:
+    torch._C._accelerator_setAllocatorSettings(setting)  # at run time, as the variable
+big = torch.empty(40 * MiB, dtype=torch.uint8, device="acme")
+del big
+x = torch.empty(24 * MiB, dtype=torch.uint8, device="acme")
+after_24 = state()
+del x
+y = torch.empty(36 * MiB, dtype=torch.uint8, device="acme")
+print(json.dumps([after_24, state()]))
+"""
+
+
+@pytest.mark.parametrize("stage", [12, LAST])
+def test_pytorch_alloc_conf_keeps_large_blocks_whole(stage):
+    default = json.loads(run_in_stage(stage, ALLOC_CONF, fresh=True).stdout)
+    assert default == [[1, 40, 24], [1, 40, 36]]
+    env = run_in_stage(stage, ALLOC_CONF, fresh=True, PYTORCH_ALLOC_CONF="max_split_size_mb:32")
+    assert json.loads(env.stdout) == [[2, 64, 24], [2, 64, 40]], env.stderr
+    # The same through PyTorch's setter, in a running process: read at each request.
+    done = subprocess.run([sys.executable, "-c", ALLOC_CONF, "max_split_size_mb:32"],
+                          env=stage_env(stage), capture_output=True, text=True, timeout=120)
+    assert json.loads(done.stdout) == [[2, 64, 24], [2, 64, 40]], done.stderr
 
 
 def test_peak_and_accumulated_resets():

@@ -12,6 +12,7 @@
 // It is a c10::DeviceAllocator, the interface torch.accelerator's memory
 // functions use, and keeps its figures in c10's own DeviceStats.
 #include <ATen/core/Tensor.h>
+#include <c10/core/AllocatorConfig.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -59,6 +60,27 @@ constexpr size_t kLargeSegment = 20 << 20;        // 20 MiB segments; beyond, a 
 constexpr size_t kLargeStep = 2 << 20;            // of their own, in 2 MiB steps
 constexpr int kMaxDevices = 16;
 //< ch12 pool-sizes
+
+//> ch12 alloc-conf
+// PYTORCH_ALLOC_CONF, which c10 parses for every device type. Read at each
+// request: its values are atomics that torch._C._accelerator_setAllocatorSettings
+// may change at any time, and a malformed setting fails every read with a
+// ValueError, so the first allocation reports it.
+using AllocatorConfig = c10::CachingAllocator::AcceleratorAllocatorConfig;
+
+struct Settings {
+  size_t max_split = AllocatorConfig::max_split_size();  // unlimited unless set
+  size_t max_non_split_rounding = AllocatorConfig::max_non_split_rounding_size();
+
+  // A block of max_split_size_mb or more is never split, and serves only
+  // requests that large which it exceeds by at most max_non_split_rounding_mb
+  // (CUDA's rules): big blocks are not carved up by small requests.
+  bool may_serve(size_t block, size_t request) const {
+    return block < max_split ||
+           (request >= max_split && block - request <= max_non_split_rounding);
+  }
+};
+//< ch12 alloc-conf
 
 c10::DeviceType kAcme = c10::DeviceType::PrivateUse1;
 
@@ -147,6 +169,7 @@ class DeviceCache {
 
   //> ch12 cache-allocate
   Block* allocate(size_t size, c10::StreamId stream) {
+    const Settings settings;  // before the lock: a bad PYTORCH_ALLOC_CONF throws here
 //> ch12 allocate-lock < ch23 allocate-lock
 //     std::lock_guard<std::mutex> lock(mutex_);
 //< ch12 allocate-lock
@@ -157,7 +180,7 @@ class DeviceCache {
     const size_t rounded = round_size(size);
     const bool small = rounded <= kSmallRequest;
     Pool& pool = small ? small_ : large_;
-    Block* block = take_free(pool, stream, rounded);
+    Block* block = take_free(pool, stream, rounded, settings);
 //> ch12 allocate-segment < ch23 allocate-segment
 //     if (!block) block = new_segment(size, rounded, small, stream);
 //< ch12 allocate-segment
@@ -165,9 +188,9 @@ class DeviceCache {
     if (!block) block = new_segment(lock, size, rounded, small, stream);
 //< ch23 allocate-segment
     // Split off the rest if it is worth keeping apart: any remainder in the
-    // small pool, more than 1 MiB in the large one.
+    // small pool, more than 1 MiB in the large one (never a max_split_size block).
     const size_t rest = block->size - rounded;
-    if (small ? rest >= kRound : rest > kSmallRequest) {
+    if (small ? rest >= kRound : rest > kSmallRequest && block->size < settings.max_split) {
       auto* tail = new Block{device_, stream, rest, static_cast<char*>(block->ptr) + rounded, small};
 //> ch23 tail-freed-at
       tail->freed_at = block->freed_at;  // the same memory, free since then
@@ -308,13 +331,14 @@ class DeviceCache {
 
   // The smallest free block of at least `size` bytes on `stream`, removed from
   // the pool; nullptr if there is none.
-  Block* take_free(Pool& pool, c10::StreamId stream, size_t size) {
+  Block* take_free(Pool& pool, c10::StreamId stream, size_t size, const Settings& settings) {
     Block key{device_, stream, size, nullptr, false};
     auto it = pool.lower_bound(&key);
 //> ch23 take-freed-before
     while (it != pool.end() && (*it)->stream == stream && (*it)->freed_at > reuse_limit) ++it;
 //< ch23 take-freed-before
     if (it == pool.end() || (*it)->stream != stream) return nullptr;
+    if (!settings.may_serve((*it)->size, size)) return nullptr;  // larger ones cannot either
     Block* block = *it;
     pool.erase(it);
     if (block->is_split()) {
