@@ -376,6 +376,85 @@ def test_data_loader_pins_batches_that_train_on_the_device():
     del model, optimizers
 
 
+# ---- the GIL ----
+
+# The allocator runs on threads that do not hold the GIL (here the autograd
+# engine's device thread), while the Python thread that does may be waiting
+# for them: it must never take the GIL. This thread starts a backward on
+# another thread, and once the device thread has allocated, keeps the GIL
+# (a switch interval of 1,000 s) until the device thread has made all the
+# backward's allocations and frees, or 3 s have passed. The second graph has
+# a Python autograd Function near its input, which the backward reaches
+# hundreds of steps after the hold began: its backward needs the GIL, and the
+# device thread stops there, which shows the check sees a GIL taken.
+GIL_FREE = """
+import json, sys, threading, time, warnings, torch, torch_acme
+warnings.simplefilter("ignore")
+device = torch_acme.DEVICE_NAME
+
+class PythonBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1
+
+def graph(python_node):
+    x = torch.randn(256, 1024, device=device, requires_grad=True)
+    y = x
+    for i in range(400):
+        y = y * 1.01 + 0.5
+        if python_node and i == 10:
+            y = PythonBackward.apply(y)
+    return y.sum()
+
+def allocations():
+    return torch.accelerator.memory_stats()["allocation.all.allocated"]
+
+profiling = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                   profile_memory=True) if sys.argv[1] == "profiled" else None
+if profiling:
+    profiling.__enter__()  # the allocator reports each allocation to the profiler
+totals, results = [], []
+for python_node in (False, True):
+    loss = graph(python_node)
+    before = allocations()
+    loss.backward()
+    totals.append(allocations() - before)
+for python_node, total in zip((False, True), totals):
+    loss = graph(python_node)
+    before = allocations()
+    worker = threading.Thread(target=loss.backward)
+    worker.start()
+    while allocations() == before:
+        pass  # until the device thread allocates: the backward has released the GIL
+    sys.setswitchinterval(1000.0)
+    start = time.monotonic()
+    while allocations() - before < total and time.monotonic() < start + 3:
+        pass
+    made = allocations() - before
+    sys.setswitchinterval(0.005)
+    worker.join()
+    results.append(made)
+if profiling:
+    profiling.__exit__(None, None, None)
+print(json.dumps({"totals": totals, "made": results}))
+"""
+
+
+@pytest.mark.parametrize("profiled", ["plain", "profiled"])
+def test_the_allocator_never_takes_the_gil(profiled):
+    done = run_in_stage(LAST, GIL_FREE.replace("sys.argv[1]", repr(profiled)))
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    (total, total_with_python), (made, made_with_python) = got["totals"], got["made"]
+    assert total > 400, got  # a gradient per step, at least
+    assert made == total, f"the device thread stalled while this thread held the GIL: {got}"
+    assert made_with_python < total_with_python, f"a Python backward ran without the GIL?: {got}"
+
+
 # ---- robustness ----
 
 def test_mixed_sizes_from_threads_leave_nothing_allocated():

@@ -244,6 +244,27 @@ def test_backend_meta_bad_input(no_leaks):
     assert get_meta(t) == -1
 
 
+def test_backend_meta_does_not_reach_fake_tensors(no_leaks):
+    # torch.compile traces on FakeTensors: shape, dtype and device, but not
+    # BackendMeta (chapter 16 says so). If a release starts copying it, this
+    # fails and the chapter's sentence changes.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t = torch.arange(4.0).to(DEVICE0)
+    set_meta(t, 12)
+    torch._C._set_tensor_metadata(t, {"checked_by_tool": True})
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(t)
+    assert fake.device == t.device and fake.shape == t.shape
+    assert torch._C._get_tensor_metadata(fake) == {}
+    assert get_meta(t) == 12 and torch._C._get_tensor_metadata(t)["checked_by_tool"]
+    packed = torch.ops.acme.pack_linear_weight(torch.ones(4, 3, device=DEVICE0))
+    with pytest.raises(NotImplementedError, match="Cannot access storage of OpaqueTensorImpl"):
+        with FakeTensorMode() as mode:
+            mode.from_tensor(packed)
+    del packed
+
+
 def test_device_context_manager(on_device_0):
     module = getattr(torch, NAME)
     with module.device(1):
