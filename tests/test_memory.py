@@ -388,7 +388,7 @@ def test_data_loader_pins_batches_that_train_on_the_device():
 # hundreds of steps after the hold began: its backward needs the GIL, and the
 # device thread stops there, which shows the check sees a GIL taken.
 GIL_FREE = """
-import json, sys, threading, time, warnings, torch, torch_acme
+import json, os, sys, threading, time, warnings, torch, torch_acme
 warnings.simplefilter("ignore")
 device = torch_acme.DEVICE_NAME
 
@@ -414,7 +414,7 @@ def allocations():
     return torch.accelerator.memory_stats()["allocation.all.allocated"]
 
 profiling = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                   profile_memory=True) if sys.argv[1] == "profiled" else None
+                                   profile_memory=True) if os.environ["PROFILED"] == "1" else None
 if profiling:
     profiling.__enter__()  # the allocator reports each allocation to the profiler
 totals, results = [], []
@@ -444,9 +444,9 @@ print(json.dumps({"totals": totals, "made": results}))
 """
 
 
-@pytest.mark.parametrize("profiled", ["plain", "profiled"])
+@pytest.mark.parametrize("profiled", ["0", "1"], ids=["plain", "profile_memory"])
 def test_the_allocator_never_takes_the_gil(profiled):
-    done = run_in_stage(LAST, GIL_FREE.replace("sys.argv[1]", repr(profiled)))
+    done = run_in_stage(LAST, GIL_FREE, PROFILED=profiled)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     (total, total_with_python), (made, made_with_python) = got["totals"], got["made"]
