@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib
 import json
 import random
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -22,7 +20,7 @@ import pytest
 import torch
 
 import torch_acme
-from conftest import LAST, run_in_stage, stage_env
+from conftest import LAST, run_in_stage
 from torch_acme import runtime
 
 pytestmark = pytest.mark.skipif(importlib.import_module("torch_acme._build_info").STAGE < 12,
@@ -114,13 +112,13 @@ def test_large_blocks_split_and_merge():
 # max_split_size_mb:32 that block is "oversize": the 24 MiB request gets a
 # segment of its own, and the 36 MiB one takes the 40 MiB block whole.
 ALLOC_CONF = """
-import json, sys, torch, torch_acme
+import json, os, torch, torch_acme
 MiB = 1 << 20
 def state():
     s = torch.accelerator.memory_stats()
     return [s["segment.all.current"], s["reserved_bytes.all.current"] // MiB,
             s["allocated_bytes.all.current"] // MiB]
-setting = sys.argv[1] if len(sys.argv) > 1 else None
+setting = os.environ.get("SET_AT_RUN_TIME")
 if setting:
     torch._C._accelerator_setAllocatorSettings(setting)  # at run time, as the variable
 big = torch.empty(40 * MiB, dtype=torch.uint8, device="acme")
@@ -140,8 +138,7 @@ def test_pytorch_alloc_conf_keeps_large_blocks_whole(stage):
     env = run_in_stage(stage, ALLOC_CONF, fresh=True, PYTORCH_ALLOC_CONF="max_split_size_mb:32")
     assert json.loads(env.stdout) == [[2, 64, 24], [2, 64, 40]], env.stderr
     # The same through PyTorch's setter, in a running process: read at each request.
-    done = subprocess.run([sys.executable, "-c", ALLOC_CONF, "max_split_size_mb:32"],
-                          env=stage_env(stage), capture_output=True, text=True, timeout=120)
+    done = run_in_stage(stage, ALLOC_CONF, fresh=True, SET_AT_RUN_TIME="max_split_size_mb:32")
     assert json.loads(done.stdout) == [[2, 64, 24], [2, 64, 40]], done.stderr
 
 
