@@ -170,17 +170,6 @@ def test_quantize_runs_on_the_stream():
     same_quantized(q, torch.quantize_per_tensor(x * 2, 0.1, 0, torch.qint8))
 
 
-def test_weight_only_linear_matches_the_cpu():
-    g = torch.Generator().manual_seed(7)
-    w, b, x = torch.randn(16, 32, generator=g), torch.randn(16, generator=g), torch.randn(
-        8, 32, generator=g)
-    for per_channel in (True, False):
-        qw = quantized_models.quantize_weight(w, per_channel)
-        expected = quantized_models.weight_only_linear(x, qw, b)
-        got = quantized_models.weight_only_linear(x.to(DEVICE), qw.to(DEVICE), b.to(DEVICE))
-        torch.testing.assert_close(got.cpu(), expected, rtol=1e-6, atol=1e-6)
-
-
 def test_dynamic_linear_matches_pytorchs_quantized_cpu_module():
     g = torch.Generator().manual_seed(8)
     linear = torch.nn.Linear(32, 16)

@@ -1,25 +1,59 @@
-"""The quantized inference paths chapter 22 runs on acme: its tests and its page
-use these. Each is plain PyTorch on quantized tensors, for any device."""
+"""The low-precision inference paths chapter 22 runs on acme: its tests and its
+page use these. User code, for any device: `dynamic_linear` on quantized
+tensors (what torch.ao's dynamic Linear computes), the others on plain int8 or
+float8 tensors with their scales beside them, as torchao keeps them."""
 
 from __future__ import annotations
 
 import torch
 
 
-def quantize_weight(weight: torch.Tensor, per_channel: bool = True) -> torch.Tensor:
-    """int8 weights, symmetric: per output channel, or one scale for all."""
-    if per_channel:
-        scales = weight.detach().abs().amax(dim=1).clamp(min=1e-8).cpu().double() / 127
-        return torch.quantize_per_channel(weight.detach(), scales, torch.zeros_like(
-            scales, dtype=torch.long), axis=0, dtype=torch.qint8)
-    scale = weight.detach().abs().max().clamp(min=1e-8).item() / 127
-    return torch.quantize_per_tensor(weight.detach(), scale, 0, torch.qint8)
+def int8_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32):
+    """A weight as torchao keeps it for int8 inference: a plain int8 tensor and
+    one scale per output channel beside it (symmetric, no zero point)."""
+    scales = weight.detach().abs().amax(dim=1).clamp(min=1e-8) / 127
+    integers = torch.round(weight.detach() / scales[:, None]).clamp(-128, 127).to(torch.int8)
+    return integers, scales.to(dtype)
 
 
-def weight_only_linear(x: torch.Tensor, qweight: torch.Tensor, bias: torch.Tensor | None):
-    """Weight-only int8: the weights stay quantized in memory (a quarter of the
-    float bytes) and become floats only for the product."""
-    return torch.nn.functional.linear(x, qweight.dequantize(), bias)
+def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+    """Weight-only int8: one kernel reads the int8 weight (a quarter of the
+    float bytes) and scales each output; the float weight never exists."""
+    y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), weight, scales)
+    y = y.reshape(*x.shape[:-1], weight.shape[0])
+    return y if bias is None else y + bias
+
+
+def int8_dynamic_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                        bias: torch.Tensor | None) -> torch.Tensor:
+    """int8 activations and weights: each input row quantized as it arrives
+    (symmetric, its own scale), one integer product with 32-bit sums
+    (torch._int_mm), then both scales and the bias in float."""
+    rows = x.reshape(-1, x.shape[-1])
+    row_scales = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127
+    quantized = torch.round(rows / row_scales).clamp(-128, 127).to(torch.int8)
+    sums = torch._int_mm(quantized, weight.t())
+    y = (sums.to(torch.float32) * row_scales * scales.to(torch.float32)).to(x.dtype)
+    y = y.reshape(*x.shape[:-1], weight.shape[0])
+    return y if bias is None else y + bias
+
+
+def float8_weight(weight: torch.Tensor):
+    """float8 (e4m3) weights with one float32 scale per output channel."""
+    scales = weight.detach().abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / 448
+    return (weight.detach() / scales).to(torch.float8_e4m3fn), scales
+
+
+def float8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """float8 rowwise: inputs scaled per row into e4m3, one torch._scaled_mm
+    with the two scale vectors and the bias, the result in x's dtype."""
+    rows = x.reshape(-1, x.shape[-1])
+    row_scales = rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / 448
+    quantized = (rows / row_scales).to(torch.float8_e4m3fn)
+    y = torch._scaled_mm(quantized, weight.t(), row_scales, scales.t(), bias=bias, out_dtype=x.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def dynamic_linear(x: torch.Tensor, qweight: torch.Tensor, bias: torch.Tensor | None,
