@@ -385,3 +385,56 @@ def test_checkpoint_without_crcs_is_reported(tmp_path):
         check_checkpoint(path)
     with pytest.raises(RuntimeError, match="not a complete torch.save checkpoint"):
         check_checkpoint(io.BytesIO(b""))
+
+
+# ---- chapter 16: a packed weight (an OpaqueTensorImpl) saved, copied, moved ----
+
+def packed_weight(device=DEVICE0):
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(6, 5, generator=g)
+    return weight, torch.ops.acme.pack_linear_weight(weight.to(device))
+
+
+def is_packed(t: torch.Tensor) -> bool:
+    return not torch._C._has_storage(t)
+
+
+@pytest.mark.skipif(_build_info.STAGE < 16, reason="packed weights come with chapter 16")
+def test_a_packed_weight_saves_as_the_weight_it_packs():
+    weight, packed = packed_weight()
+    assert is_packed(packed)
+    on_cpu = packed.cpu()  # unpacked: the CPU has no packed layout
+    assert on_cpu.device.type == "cpu" and on_cpu.is_contiguous() and torch.equal(on_cpu, weight)
+    buffer = io.BytesIO()
+    torch.save({"w": packed}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)["w"]
+    # PyTorch saves a PrivateUse1 tensor without storage through .cpu() and
+    # rebuilds it on the device: an ordinary acme tensor with the values.
+    assert loaded.device == packed.device and not is_packed(loaded)
+    assert torch.equal(loaded.cpu(), weight)
+
+
+@pytest.mark.skipif(_build_info.STAGE < 16, reason="packed weights come with chapter 16")
+def test_a_packed_weight_copies_and_moves_packed():
+    import copy
+
+    weight, packed = packed_weight()
+    x = torch.randn(4, 5)
+    expected = torch.nn.functional.linear(x, weight)
+    module = getattr(torch, NAME)
+    module.synchronize()
+    before = module.memory_allocated()
+    twin = copy.deepcopy(packed)  # clone, for a tensor without storage
+    assert module.memory_allocated() - before >= weight.numel() * 4  # a copy of its own
+    moved = packed.to(DEVICE1)
+    half = packed.to(torch.float16)
+    for copied, device in [(twin, DEVICE0), (moved, DEVICE1), (half, DEVICE0)]:
+        assert is_packed(copied) and str(copied.device) == device and copied.shape == (6, 5)
+        got = torch.ops.acme.packed_linear(x.to(device, copied.dtype), copied)
+        torch.testing.assert_close(got.cpu().float(), expected, rtol=2e-3, atol=2e-3)
+    # Ordinary tensors keep PyTorch's own _to_copy and clone.
+    t = torch.arange(6.0).reshape(2, 3).t().to(DEVICE0)
+    assert t.clone().stride() == t.stride() and t.to(DEVICE1).stride() == t.cpu().stride()
+    assert t.clone(memory_format=torch.contiguous_format).is_contiguous()
+    del twin, moved, half, packed, t

@@ -6,11 +6,16 @@
 // strides and a data pointer can read it: only the operators below can.
 #include <ATen/OpaqueTensorImpl.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_to_copy.h>
+#include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/clone_native.h>
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "aten/packed_weights.h"
 
@@ -38,15 +43,21 @@ const PackedLinearWeight& packed_handle(const at::Tensor& t) {
 namespace {
 
 //> ch16 packed-ops
+// Sizes say what the weight is ([out, in]); there are no strides to say.
+at::Tensor wrap(at::Tensor transposed) {
+  const std::vector<int64_t> sizes{transposed.size(1), transposed.size(0)};
+  const auto dtype = transposed.dtype();
+  const auto device = transposed.device();
+  return at::detail::make_tensor<PackedTensorImpl>(
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype, device,
+      PackedLinearWeight{std::move(transposed)}, sizes);
+}
+
 at::Tensor pack_linear_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2, "acme::pack_linear_weight: expected a 2-D weight, got ",
               weight.dim(), " dimensions");
   TORCH_CHECK(!is_packed(weight), "acme::pack_linear_weight: the weight is already packed");
-  PackedLinearWeight handle{weight.t().contiguous()};
-  // Sizes say what the weight is ([out, in]); there are no strides to say.
-  return at::detail::make_tensor<PackedTensorImpl>(
-      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), weight.dtype(), weight.device(),
-      std::move(handle), weight.sizes());
+  return wrap(weight.t().contiguous());
 }
 
 at::Tensor unpack_linear_weight(const at::Tensor& packed) {
@@ -66,6 +77,33 @@ at::Tensor packed_linear(const at::Tensor& input, const at::Tensor& packed,
 }
 //< ch16 packed-ops
 
+//> ch16 packed-copies
+// Three paths copy a tensor whatever it is, and PyTorch takes them for a
+// packed weight too: .cpu() and .to() (aten::_to_copy; torch.save calls
+// .cpu() for a PrivateUse1 tensor without storage) and clone (what
+// copy.deepcopy calls for one). These kernels read the handle; every other
+// tensor goes on to PyTorch's own kernels, as before.
+at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
+                   std::optional<at::Layout> layout, std::optional<at::Device> device,
+                   std::optional<bool> pin_memory, bool non_blocking,
+                   std::optional<at::MemoryFormat> memory_format) {
+  if (!is_packed(self)) {
+    return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
+                                memory_format);
+  }
+  at::Tensor moved = at::_to_copy(unpack_linear_weight(self), dtype, layout, device, pin_memory,
+                                  non_blocking, memory_format);
+  // Still on the device: packed again. Elsewhere (the CPU) an ordinary tensor,
+  // which is what a checkpoint then holds.
+  return moved.device().type() == c10::DeviceType::PrivateUse1 ? pack_linear_weight(moved) : moved;
+}
+
+at::Tensor clone(const at::Tensor& self, std::optional<at::MemoryFormat> memory_format) {
+  if (!is_packed(self)) return at::native::clone(self, memory_format);
+  return wrap(packed_handle(self).transposed.clone());
+}
+//< ch16 packed-copies
+
 }  // namespace
 }  // namespace acme
 
@@ -80,5 +118,10 @@ TORCH_LIBRARY_IMPL(acme, PrivateUse1, m) {
   m.impl("pack_linear_weight", TORCH_FN(acme::pack_linear_weight));
   m.impl("unpack_linear_weight", TORCH_FN(acme::unpack_linear_weight));
   m.impl("packed_linear", TORCH_FN(acme::packed_linear));
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_to_copy", TORCH_FN(acme::to_copy));
+  m.impl("clone", TORCH_FN(acme::clone));
 }
 //< ch16 register-packed
