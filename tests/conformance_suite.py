@@ -15,8 +15,9 @@ Three things make it work for an out-of-tree backend (chapter 14 explains them):
    only adds `PrivateUse1TestBase` when `torch.<name>.is_available()` is true.
 2. `only_for="privateuse1"`: the test classes are made for acme alone (the CPU
    is the reference inside each test, not a device under test).
-3. acme's known gaps are declared in `ACME_OVERRIDES` with
-   `PrivateUse1TestBase.set_test_configs(op_overrides=...)`, each with its reason.
+3. acme's known gaps are declared with
+   `PrivateUse1TestBase.set_test_configs(op_overrides=...)`, each with its
+   reason, from the table in tools/conformance_overrides.py.
 
 Each test compares every sample with the CPU. A test fails with `Mismatch`
 when acme's numbers differ, with `DeviceError` when acme raises where the CPU
@@ -28,8 +29,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import unittest
 import unittest.mock
+from pathlib import Path
 
 import torch_acme  # noqa: F401  (first: see 1. above)
 import torch
@@ -45,6 +48,9 @@ from torch.testing._internal.common_utils import TestCase
 from torch.testing._internal.opinfo.core import DecorateInfo, SampleInput
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tools.conformance_overrides import OVERRIDES, Override  # noqa: E402
 
 DEVICE = torch._C._get_privateuse1_backend_name()
 
@@ -646,46 +652,25 @@ def _module_run(module_cls, module_input, device, dtype, training, channels_last
     return _to_cpu((out, grads, buffers))
 
 
-# acme's known gaps, each with its reason. Keys are OpInfo full names; the
-# decorator marks the test an expected failure (it must keep failing: when a
-# fix lands, unittest reports an unexpected success and the entry goes).
+# acme's known gaps, each with its reason, are a table in
+# tools/conformance_overrides.py (the conformance page prints it too).
 #
 # linear_cross_entropy's chunked path picks its accumulation per (device type,
 # dtype): for half and bfloat16 the CPU accumulates in float32 and keeps more
 # intermediates in it ("accurate"); CUDA, and acme as CUDA
 # (src/torch_acme/mixed_precision.py), accumulate in float32 but keep the rest
-# in the input's dtype ("compact"). The float16 cases below differ from the CPU
-# by that choice, as CUDA's do; a user who wants the CPU's numbers passes
+# in the input's dtype ("compact"). The float16 cases differ from the CPU by
+# that choice, as CUDA's do; a user who wants the CPU's numbers passes
 # LinearCrossEntropyOptions(acc_policy="accurate").
-_HALF = (torch.float16, torch.bfloat16)
+def _decorate(row: Override) -> DecorateInfo:
+    decorator = unittest.skip(row.reason) if row.kind == "skip" else unittest.expectedFailure
+    dtypes = None if row.dtypes is None else tuple(getattr(torch, name) for name in row.dtypes)
+    return DecorateInfo(decorator, "TestConformance", row.test, dtypes=dtypes)
 
 
-def _known(test: str, dtypes=_HALF) -> DecorateInfo:
-    return DecorateInfo(unittest.expectedFailure, "TestConformance", test, dtypes=dtypes)
-
-
-ACME_OVERRIDES: dict[str, list[DecorateInfo]] = {
-    # The CPU is wrong here, acme right (a skip: with one sample per op the
-    # case does not arise, and an expected failure would pass): for an empty input, the CPU's
-    # pixel_unshuffle kernel returns the input's shape ((1, 1, 6, 0) for a
-    # factor of 3, where the op's own shape rule, and CUDA, give (1, 9, 2, 0)).
-    "nn.functional.pixel_unshuffle": [DecorateInfo(
-        unittest.skip("wrong on the CPU: an empty input keeps its shape"),
-        "TestConformance", "test_empty")],
-    # PyTorch checks quantile's q (in [0, 1], not nan) on the CPU only: elsewhere
-    # the check would cost a device synchronisation. acme, like CUDA, returns nan.
-    **{name: [DecorateInfo(unittest.skip("PyTorch checks q's range on the CPU only (as on CUDA)"),
-                           "TestConformance", "test_extremal")] for name in ("quantile", "nanquantile")},
-    # The CPU's solution is a view into LAPACK's column-major workspace (its strides
-    # follow that buffer); acme's, through the fallback, is the same values, contiguous.
-    **{name: [DecorateInfo(unittest.skip("strides of a view of LAPACK's workspace on the CPU"),
-                           "TestConformance", "test_layout")]
-       for name in ("linalg.lstsq", "linalg.lstsq.grad_oriented")},
-    "nn.functional.linear_cross_entropy.chunked": [_known("test_forward", (torch.float16,)),
-                                                   _known("test_backward", (torch.float16,))],
-    "nn.functional.linear_cross_entropy.chunked_none": [_known("test_forward", (torch.float16,)),
-                                                        _known("test_backward")],
-}
+ACME_OVERRIDES: dict[str, list[DecorateInfo]] = {}
+for _row in OVERRIDES:
+    ACME_OVERRIDES.setdefault(_row.op, []).append(_decorate(_row))
 
 PrivateUse1TestBase.set_test_configs(op_overrides=ACME_OVERRIDES)
 instantiate_device_type_tests(TestConformance, globals(), only_for="privateuse1")

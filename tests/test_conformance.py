@@ -236,3 +236,21 @@ def test_only_for_takes_either_name_of_the_backend():
         made[name] = out.stdout.strip().splitlines()[-1]
     assert made["privateuse1"] == made[device] == f"TestTinyPRIVATEUSE1 ['test_device_{device}']", made
     assert made["cpu"] == "TestTinyCPU ['test_device_cpu']", made
+
+
+def test_every_declared_gap_names_a_real_operator_test_and_dtype():
+    """A row of tools/conformance_overrides.py with a misspelt operator or test
+    would decorate nothing, and the gap would go unnoticed: each must exist."""
+    from pathlib import Path
+
+    from torch.testing._internal.common_methods_invocations import op_db
+    from tools.conformance_overrides import OVERRIDES
+
+    names = {op.full_name for op in op_db}
+    suite = (Path(__file__).parent / "conformance_suite.py").read_text()
+    for row in OVERRIDES:
+        assert row.op in names, row
+        assert re.search(rf"^    def {row.test}\(self, device, ", suite, re.M), row
+        assert row.kind in ("skip", "expected failure"), row
+        assert all(isinstance(getattr(torch, name, None), torch.dtype) for name in row.dtypes or ()), row
+        assert row.reason, row

@@ -302,7 +302,8 @@ def summary(results: list) -> dict:
         judged = sum(counts[s] for s in JUDGED)
         passed = counts["pass"] + counts["close"]
         out[kind] = {"counts": dict(counts), "judged": judged,
-                     "pass_rate": passed / judged if judged else None}
+                     "pass_rate": passed / judged if judged else None,
+                     "exact_rate": counts["pass"] / judged if judged else None}
     return out
 
 
@@ -313,7 +314,8 @@ def describe(run_: Run) -> str:
             continue
         rate = f"{100 * s['pass_rate']:.2f} %" if s["pass_rate"] is not None else "n/a"
         counts = ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items()))
-        lines.append(f"{kind:>8}: {rate} pass of {s['judged']} judged ({counts})")
+        exact = f", {100 * s['exact_rate']:.2f} % within PyTorch's own tolerances" if s["judged"] else ""
+        lines.append(f"{kind:>8}: {rate} pass of {s['judged']} judged{exact} ({counts})")
     lines.append(f"{len(run_.results)} tests in {run_.seconds:.0f} s")
     return "\n".join(lines)
 
