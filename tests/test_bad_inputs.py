@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAST, stage_built, stage_path
+from conftest import CHAPTERS, LAST, stage_built, stage_path
 from tools import preforked
 from tools.chapter_support import compiled_accelerator
 
@@ -38,8 +38,9 @@ pytestmark = pytest.mark.skipif(
 
 TABLE = Path(__file__).with_name("bad_inputs.toml")
 ROWS = tomllib.loads(TABLE.read_text())["row"]
-FIELDS = {"id", "topic", "title", "setup", "code", "error", "message", "demonstrates", "process",
+FIELDS = {"id", "chapter", "topic", "title", "setup", "code", "error", "message", "demonstrates", "process",
           "stage", "backend", "env", "prepare", "cpu_only_torch"}
+CHAPTER_NUMBERS = {c["number"] for c in CHAPTERS}
 TOPICS = ("devices", "memory", "ops", "custom-ops", "processes", "autocast", "compile",
           "distributed", "checkpoints", "stages")
 REQUIRED_IN_ISSUE = {  # the rows the issue asks for, by id
@@ -94,6 +95,8 @@ def test_rows_are_well_formed():
             assert isinstance(row.get(key), str) and row[key].strip(), (row["id"], key)
         assert re.fullmatch(r"[a-z0-9-]+", row["id"]), row["id"]
         assert row["topic"] in TOPICS, row["id"]
+        # Each card links the chapter that explains the error or its fix.
+        assert row.get("chapter") in CHAPTER_NUMBERS, (row["id"], row.get("chapter"))
         assert row.get("process", "this") in ("this", "fresh"), row["id"]
         if row.get("process", "this") == "this":
             extra = {"stage", "backend", "env", "prepare", "cpu_only_torch"} & set(row)

@@ -17,16 +17,32 @@ import tomllib
 from pathlib import Path
 
 from docutils import nodes
+from sphinx import addnodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "tests" / "bad_inputs.toml"
+MANIFEST = ROOT / "chapters" / "chapters.toml"
 LOGGER = logging.getLogger(__name__)
 
 
 def rows() -> list[dict]:
     return tomllib.loads(TABLE.read_text())["row"]
+
+
+def chapters() -> dict[int, dict]:
+    return {c["number"]: c for c in tomllib.loads(MANIFEST.read_text())["chapter"]}
+
+
+def chapter_link(number: int, docname: str) -> nodes.Node:
+    """A paragraph linking the chapter that explains the error or its fix."""
+    chapter = chapters()[number]
+    ref = addnodes.pending_xref("", refdomain="std", reftype="doc", refexplicit=True,
+                                reftarget=f"/chapters/{number:02d}-{chapter['slug']}",
+                                refdoc=docname)
+    ref += nodes.inline(text=f"Chapter {number}: {chapter['title']}")
+    return nodes.paragraph("", "", nodes.Text("Explained in "), ref)
 
 
 def text_with_code(text: str) -> list[nodes.Node]:
@@ -69,6 +85,7 @@ class ErrorsDirective(SphinxDirective):
     def run(self):
         topic = self.arguments[0]
         self.env.note_dependency(str(TABLE))
+        self.env.note_dependency(str(MANIFEST))
         chosen = [r for r in rows() if r["topic"] == topic]
         if not chosen:
             raise self.error(f"no row of {TABLE.name} has topic {topic!r}")
@@ -89,6 +106,7 @@ class ErrorsDirective(SphinxDirective):
                                     nodes.Text(", with a message containing "),
                                     nodes.literal(text=row["message"]))
             card += nodes.paragraph("", "", *text_with_code(row["demonstrates"]))
+            card += chapter_link(row["chapter"], self.env.docname)
             cards.append(card)
         return cards
 
