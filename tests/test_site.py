@@ -156,6 +156,18 @@ def test_tables_made_by_cells_are_tables(site):
     assert re.search(r"<th[^>]*>(<p>)?\s*runtime calls\s*(</p>)?</th>", contract)
 
 
+def test_simulator_code_is_labelled(site):
+    """Every snippet a chapter marks `:simulator:` (code a vendor's driver or
+    kernels replace) carries the label on the page; chapters 18, 20 and 23,
+    where simulator code sits beside the glue, have at least one."""
+    for chapter in CHAPTERS:
+        marked = chapter_runs.source(chapter).read_text().count("\n:simulator:")
+        shown = (site / chapter_page(chapter)).read_text().count('class="acme-simulator"')
+        assert shown == marked, (chapter["number"], marked, shown)
+        if chapter["number"] in (18, 20, 23):
+            assert marked, chapter["number"]
+
+
 def test_root_sends_readers_to_the_book(site, server, browser):
     visit = Visit(browser, server, WIDTHS["desktop"])
     visit.page.wait_for_url("**/docs/index.html")

@@ -24,6 +24,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 from docutils import nodes
+from docutils.parsers.rst import directives
 from myst_nb.core import read as myst_nb_read
 from nbclient.exceptions import CellExecutionError
 from sphinx import addnodes
@@ -44,8 +45,18 @@ def notebook_name(chapter: dict) -> str:
     return f"{chapter['number']:02d}-{chapter['slug']}"
 
 
+SIMULATOR = ("Simulator: this code stands in for what a real device's driver or kernels "
+             "do. Read it to follow the book; do not copy it.")
+
+
 class SnippetDirective(SphinxDirective):
+    """``{acme-snippet} ch18 launch-run`` shows a marked block (or file) of a
+    stage. ``:simulator:`` labels it as the simulated device's code, which a
+    vendor replaces, as opposed to the glue a vendor copies (optionally with
+    what replaces it, as the option's text)."""
+
     required_arguments = 2  # chapter tag (ch01) and snippet name
+    option_spec = {"simulator": directives.unchanged}
 
     def run(self):
         chapter, name = self.arguments
@@ -62,7 +73,16 @@ class SnippetDirective(SphinxDirective):
         where = entry["file"] if entry["kind"] == "file" else f"{entry['file']} ({name})"
         # In backticks: the caption is parsed as markdown, which would turn the
         # underscores of __init__.py into bold.
-        return [container_wrapper(self, literal, f"`{where}`")]
+        shown = container_wrapper(self, literal, f"`{where}`")
+        if "simulator" not in self.options:
+            return [shown]
+        label = nodes.paragraph(classes=["acme-simulator"])
+        label += nodes.strong(text="Simulator. ")
+        label += nodes.Text(self.options["simulator"].strip() or SIMULATOR.split(": ", 1)[1])
+        box = nodes.container(classes=["acme-simulator-snippet"])
+        box += label
+        box += shown
+        return [box]
 
 
 class DiffDirective(SphinxDirective):
