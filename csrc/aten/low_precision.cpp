@@ -1,9 +1,9 @@
 //@ ch22
-// Low precision without quantized tensors: the three matrix products that
-// torchao's int8 and float8 recipes end in (torch._int_mm,
-// torch._weight_int8pack_mm, torch._scaled_mm). Their operands are plain int8
-// or float8 tensors with float scales beside them, so they need no quantized
-// dispatch key, only one kernel each at PrivateUse1. acme's kernel is
+// Low precision without quantized tensors: three matrix products over plain
+// int8 or float8 tensors with float scales beside them, as torchao keeps
+// quantized data (torch._int_mm and torch._scaled_mm are what its int8 and
+// float8 recipes call; torch._weight_int8pack_mm is weight-only int8). They
+// need no quantized dispatch key, only one kernel each at PrivateUse1. acme's kernel is
 // PyTorch's CPU kernel queued on the stream over device views, as chapter 18's
 // launches are; a vendor puts its integer and float8 matrix engines here.
 #include <ATen/core/Tensor.h>
@@ -155,13 +155,11 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
   if (out.numel() == 0) return out;
   DeviceViews view(DeviceViews::kForLaunch);
-  auto optional_view = [&](const std::optional<at::Tensor>& t) -> std::optional<at::Tensor> {
-    if (!t.has_value() || !t->defined()) return std::nullopt;
-    return view(*t);
-  };
+  std::optional<at::Tensor> bias_view;
+  if (bias.has_value() && bias->defined()) bias_view = view(*bias);
   launch_kernel(a.device().index(), "aten::_scaled_mm",
-                [x = view(a), y = view(b), sx = view(scale_a), sy = view(scale_b),
-                 c = optional_view(bias), out_dtype, use_fast_accum, o = view(out)] {
+                [x = view(a), y = view(b), sx = view(scale_a), sy = view(scale_b), c = bias_view,
+                 out_dtype, use_fast_accum, o = view(out)] {
                   at::Tensor result = o;
                   at::_scaled_mm_out(result, x, y, sx, sy, c, std::nullopt, out_dtype, use_fast_accum);
                 });

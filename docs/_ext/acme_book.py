@@ -45,18 +45,14 @@ def notebook_name(chapter: dict) -> str:
     return f"{chapter['number']:02d}-{chapter['slug']}"
 
 
-SIMULATOR = ("Simulator: this code stands in for what a real device's driver or kernels "
-             "do. Read it to follow the book; do not copy it.")
-
-
 class SnippetDirective(SphinxDirective):
     """``{acme-snippet} ch18 launch-run`` shows a marked block (or file) of a
-    stage. ``:simulator:`` labels it as the simulated device's code, which a
-    vendor replaces, as opposed to the glue a vendor copies (optionally with
-    what replaces it, as the option's text)."""
+    stage. ``:simulator: <what a real device does instead>`` labels it as the
+    simulated device's code, which a vendor replaces, as opposed to the glue a
+    vendor copies. (acme_downloads.py puts the same label in the notebooks.)"""
 
     required_arguments = 2  # chapter tag (ch01) and snippet name
-    option_spec = {"simulator": directives.unchanged}
+    option_spec = {"simulator": directives.unchanged_required}
 
     def run(self):
         chapter, name = self.arguments
@@ -78,7 +74,7 @@ class SnippetDirective(SphinxDirective):
             return [shown]
         label = nodes.paragraph(classes=["acme-simulator"])
         label += nodes.strong(text="Simulator. ")
-        label += nodes.Text(self.options["simulator"].strip() or SIMULATOR.split(": ", 1)[1])
+        label += nodes.Text(self.options["simulator"].strip())
         box = nodes.container(classes=["acme-simulator-snippet"])
         box += label
         box += shown

@@ -82,6 +82,8 @@ def for_download(notebook, chapter: dict, build: Path, chapters_dir: Path):
         entry = index[tag][name]
         where = entry["file"] if entry["kind"] == "file" else f"{entry['file']} ({name})"
         block = _code_block(where, entry["language"], (build / entry["snippet"]).read_text())
+        if match[4]:  # :simulator: what a real device does instead (the page's label)
+            block = f"**Simulator.** {match[4].strip()}\n\n{block}"
         return "\n".join(indent + line if line else line for line in block.splitlines())
 
     def literalinclude(match) -> str:
@@ -97,7 +99,8 @@ def for_download(notebook, chapter: dict, build: Path, chapters_dir: Path):
                           *("> " + line if line else ">" for line in body.splitlines())])
 
     replacements = [
-        (re.compile(r"^( *)```\{acme-snippet\} (ch\d\d) (\S+)\n *```", re.M), snippet),
+        (re.compile(r"^( *)```\{acme-snippet\} (ch\d\d) (\S+)\n(?: *:simulator: *([^\n]*)\n)? *```",
+                    re.M), snippet),
         (re.compile(r"^```\{literalinclude\} (\S+)\n(.*?)^```", re.M | re.S), literalinclude),
         (re.compile(r"^```\{acme-stage\} \d+\n```", re.M), lambda m: (
             f"> This notebook is chapter {number} of *Out of Tree*. It runs in the Jupyter "

@@ -35,9 +35,9 @@ def chapters() -> dict[int, dict]:
     return {c["number"]: c for c in tomllib.loads(MANIFEST.read_text())["chapter"]}
 
 
-def chapter_link(number: int, docname: str) -> nodes.Node:
+def chapter_link(chapter: dict, docname: str) -> nodes.Node:
     """A paragraph linking the chapter that explains the error or its fix."""
-    chapter = chapters()[number]
+    number = chapter["number"]
     ref = addnodes.pending_xref("", refdomain="std", reftype="doc", refexplicit=True,
                                 reftarget=f"/chapters/{number:02d}-{chapter['slug']}",
                                 refdoc=docname)
@@ -94,6 +94,7 @@ class ErrorsDirective(SphinxDirective):
         self.env.acme_errors_rendered.setdefault(self.env.docname, set()).update(
             r["id"] for r in chosen)
 
+        manifest = chapters()
         cards = []
         for row in chosen:
             code = input_text(row)
@@ -106,7 +107,7 @@ class ErrorsDirective(SphinxDirective):
                                     nodes.Text(", with a message containing "),
                                     nodes.literal(text=row["message"]))
             card += nodes.paragraph("", "", *text_with_code(row["demonstrates"]))
-            card += chapter_link(row["chapter"], self.env.docname)
+            card += chapter_link(manifest[row["chapter"]], self.env.docname)
             cards.append(card)
         return cards
 
