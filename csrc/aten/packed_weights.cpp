@@ -91,11 +91,13 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
     return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
                                 memory_format);
   }
-  at::Tensor moved = at::_to_copy(unpack_linear_weight(self), dtype, layout, device, pin_memory,
+  // The handle's tensor moves once. Still on the device: packed again, as it
+  // is. Elsewhere (the CPU) an ordinary [out, in] tensor, which is what a
+  // checkpoint then holds.
+  at::Tensor moved = at::_to_copy(packed_handle(self).transposed, dtype, layout, device, pin_memory,
                                   non_blocking, memory_format);
-  // Still on the device: packed again. Elsewhere (the CPU) an ordinary tensor,
-  // which is what a checkpoint then holds.
-  return moved.device().type() == c10::DeviceType::PrivateUse1 ? pack_linear_weight(moved) : moved;
+  if (moved.device().type() == c10::DeviceType::PrivateUse1) return wrap(std::move(moved));
+  return moved.t().contiguous();
 }
 
 at::Tensor clone(const at::Tensor& self, std::optional<at::MemoryFormat> memory_format) {
