@@ -3,8 +3,8 @@
 `nox -s conformance` runs every sample of every op in eleven dtypes, forward and
 backward, every module, and the edge sweeps. Here the quick subset runs: the
 first sample of every op in float32 forward and through the edge sweeps (second
-derivatives in float64), and the first input of every module in float32, in the
-same crash-isolated workers, with the same judgement.
+derivatives in float64; every error input), and the first input of every module
+in float32, in the same crash-isolated workers, with the same judgement.
 The runner itself is checked with a suite of planted outcomes: a crash, a hang,
 a mismatch, a clear error, a skip and a known failure each land where they should.
 """
@@ -50,8 +50,10 @@ def test_quick_subset_meets_the_pass_targets(quick):
     assert summary["forward"]["judged"] > 600 and summary["module"]["judged"] > 100
     assert summary["forward"]["pass_rate"] >= OP_TARGET, summary["forward"]
     assert summary["module"]["pass_rate"] >= MODULE_TARGET, summary["module"]
-    # The edge sweeps: each judges hundreds of ops (layout: those with 4-D or 5-D samples).
-    for kind, least in {"extremal": 500, "empty": 300, "layout": 30, "gradgrad": 200}.items():
+    # The edge sweeps: each judges hundreds of ops (layout: those with 4-D or 5-D samples;
+    # out: those with an out= form; errors: those whose OpInfo has error inputs).
+    for kind, least in {"extremal": 500, "empty": 300, "layout": 30, "noncontiguous": 400,
+                        "out": 300, "errors": 150, "gradgrad": 200}.items():
         assert summary[kind]["judged"] > least, (kind, summary[kind])
         assert summary[kind]["pass_rate"] >= OP_TARGET, (kind, summary[kind])
 
@@ -65,6 +67,47 @@ def test_quick_subset_covers_every_op_and_module(quick):
     float32_ops = {op.formatted_name for op in op_db if "float32" in str(op.dtypes)}
     assert float32_ops <= ops, sorted(float32_ops - ops)[:10]
     assert {m.formatted_name for m in module_db} <= modules
+
+
+def _pinned_release() -> str:
+    requirements = (conformance.ROOT / "requirements.txt").read_text().splitlines()
+    return next(line.split("==")[1].strip() for line in requirements if line.startswith("torch=="))
+
+
+def test_the_published_whole_run_is_current_and_has_no_crash_or_silent_mismatch(quick):
+    # The run the site and chapter 14 show where `nox -s conformance` has not
+    # run (docs/_generated/, written by `tools/conformance.py --publish`).
+    data = conformance.load(conformance.PUBLISHED)
+    meta = data["meta"]
+    assert not meta.get("quick") and not meta.get("select"), meta
+    assert meta["torch"].split("+")[0] == _pinned_release() and meta["stage"] == LAST, meta
+    assert {r["kind"] for r in data["results"]} == set(conformance.KINDS)
+    bad = [f"{r['status']}: {r['test']}: {r['reason'][:300]}" for r in data["results"]
+           if r["status"] in ("crash", "mismatch", "harness", "xpass")]
+    assert not bad, "\n".join(bad)
+    if torch.__version__.split("+")[0] == _pinned_release():
+        # Every test the quick subset ran is in it: a new OpInfo, sweep or stage
+        # asks for a new whole run.
+        missing = sorted({r["test"] for r in quick.results} - {r["test"] for r in data["results"]})
+        assert not missing, f"{len(missing)} tests not in the published run, e.g. {missing[:5]}"
+    # A whole run: every sample in eleven dtypes, several times what the quick subset judges.
+    judged = conformance.summary(data["results"])["forward"]["judged"]
+    assert judged > 4 * conformance.summary(quick.results)["forward"]["judged"], judged
+
+
+def test_pytorch_still_leaves_ihfftn_out_unwritten():
+    # Why tools/conformance_overrides.py skips test_out for fft.ihfft2 and
+    # fft.ihfftn: with one transformed dimension their composite's
+    # at::conj_physical_out(tmp, out) writes into tmp (the out= overload takes
+    # out first), so out keeps whatever it held. When this fails, PyTorch has
+    # fixed it, and the two rows go.
+    x = torch.randn(5, 6, 7)
+    for transform in (torch.fft.ihfftn, torch.fft.ihfft2):
+        result = transform(x, dim=(2,))
+        out = torch.full(result.shape, 7 + 7j, dtype=result.dtype)
+        assert transform(x, dim=(2,), out=out) is out
+        assert (out == 7 + 7j).all(), transform
+        assert not torch.equal(out, result)
 
 
 PLANTED = '''
@@ -143,11 +186,11 @@ def test_no_implicit_composite_runs_where_the_cpu_has_a_kernel():
 
 
 # The edge sweeps (extremal values, emptied dimensions, channels-last inputs,
-# second derivatives) on the cases that made chapter 14 change code: at stage 13
-# they report each difference, at the last stage each passes.
+# out= tensors, second derivatives) on the cases that made chapter 14 change
+# code: at stage 13 they report each difference, at the last stage each passes.
 EDGE_CASES = (r"test_(layout_nn_functional_(pixel_shuffle|pad_replicate)_acme_float32"
               r"|gradgrad_nn_functional_scaled_dot_product_attention_acme_float64"
-              r"|module_nn_ReflectionPad3d_acme_float32)$")
+              r"|module_nn_ReflectionPad3d_acme_float32|out_mode_acme_float32)$")
 
 
 @pytest.mark.parametrize("stage", [13, LAST])
@@ -157,7 +200,7 @@ def test_edge_sweeps_find_what_chapter_14_fixed(stage, last_stage_cases):
     results = [r for r in results if re.search(EDGE_CASES, r["test"])]
     got = {r["name"]: r for r in results}
     assert set(got) == {"nn_functional_pixel_shuffle", "nn_functional_pad_replicate",
-                        "nn_functional_scaled_dot_product_attention", "nn_ReflectionPad3d"}, got
+                        "nn_functional_scaled_dot_product_attention", "nn_ReflectionPad3d", "mode"}, got
     if stage == LAST:
         assert all(r["status"] == "pass" for r in results), results
         return
@@ -165,6 +208,7 @@ def test_edge_sweeps_find_what_chapter_14_fixed(stage, last_stage_cases):
         assert got[name]["status"] == "mismatch" and "strides" in got[name]["reason"], got[name]
     sdpa = got["nn_functional_scaled_dot_product_attention"]
     assert sdpa["status"] == "error" and "derivative for" in sdpa["reason"], sdpa
+    assert got["mode"]["status"] == "error" and "RuntimeError" in got["mode"]["reason"], got["mode"]
 
 
 # linear_cross_entropy's chunked path asks PyTorch's Python which dtype to
@@ -244,6 +288,7 @@ def test_every_declared_gap_names_a_real_operator_test_and_dtype():
     from pathlib import Path
 
     from torch.testing._internal.common_methods_invocations import op_db
+    from tools import versions
     from tools.conformance_overrides import OVERRIDES
 
     names = {op.full_name for op in op_db}
@@ -254,3 +299,4 @@ def test_every_declared_gap_names_a_real_operator_test_and_dtype():
         assert row.kind in ("skip", "expected failure"), row
         assert all(isinstance(getattr(torch, name, None), torch.dtype) for name in row.dtypes or ()), row
         assert row.reason, row
+        assert row.releases is None or set(row.releases) <= set(versions.RELEASES), row

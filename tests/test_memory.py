@@ -185,6 +185,31 @@ def test_memory_summary_names_the_figures():
     del t
 
 
+def test_the_snapshot_has_cudas_keys_and_pytorchs_viewer_reads_it():
+    sizes = (1000, 300_000, 3 * MiB + 5)
+    kept = [torch.empty(n, dtype=torch.uint8, device="acme") for n in sizes]
+    segments = torch.acme.memory_snapshot()
+    assert {"device", "address", "total_size", "allocated_size", "active_size", "requested_size",
+            "stream", "segment_type", "segment_pool_id", "is_expandable", "frames",
+            "blocks"} <= set(segments[0])
+    assert {"address", "size", "requested_size", "state", "frames"} <= set(segments[0]["blocks"][0])
+    # The totals are the allocator's statistics, seen segment by segment.
+    assert sum(s["total_size"] for s in segments) == torch.acme.memory_reserved()
+    assert sum(s["allocated_size"] for s in segments) == torch.acme.memory_allocated()
+    assert sum(s["requested_size"] for s in segments) == sum(sizes)
+    for segment in segments:  # blocks tile their segment
+        ends = [b["address"] + b["size"] for b in segment["blocks"]]
+        assert [b["address"] for b in segment["blocks"][1:]] == ends[:-1]
+        assert ends[-1] == segment["address"] + segment["total_size"]
+    assert {s["stream"] for s in segments} == {torch.acme.current_stream().stream_id}
+    # PyTorch's own memory viewer summarises it as it would CUDA's.
+    from torch.cuda import _memory_viz
+    summary = _memory_viz.segsum({"segments": segments})
+    assert f"segments: {len(segments)}" in summary, summary
+    assert "total_reserved: " in summary and "total_allocated: " in summary, summary
+    del kept
+
+
 # ---- streams ----
 
 def test_blocks_are_reused_on_their_own_stream_only():

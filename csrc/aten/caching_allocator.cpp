@@ -302,18 +302,27 @@ class DeviceCache {
       for (Stat& s : *stat) s.reset_peak();
   }
 
-  std::vector<SegmentSnapshot> snapshot() {
+  std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot() {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<SegmentSnapshot> out;
+    std::vector<c10::CachingDeviceAllocator::SegmentInfo> out;
     for (Block* head : segments_) {
-      SegmentSnapshot segment{reinterpret_cast<uintptr_t>(head->ptr), 0, head->small,
-                              head->stream, {}};
+      c10::CachingDeviceAllocator::SegmentInfo segment;
+      segment.device = device_;
+      segment.address = reinterpret_cast<size_t>(head->ptr);
+      segment.stream = reinterpret_cast<void*>(static_cast<intptr_t>(head->stream));
+      segment.is_large = !head->small;
       for (Block* b = head; b; b = b->next) {
-        const auto state = b->allocated              ? BlockState::allocated
-                           : b->pending_events > 0   ? BlockState::pending_free
-                                                     : BlockState::free;
-        segment.blocks.push_back({reinterpret_cast<uintptr_t>(b->ptr), b->size, state});
-        segment.size += b->size;
+        c10::CachingDeviceAllocator::BlockInfo block;
+        block.size = b->size;
+        block.requested_size = b->allocated ? b->requested : 0;
+        block.allocated = b->allocated;
+        // Freed, but waiting for the events of the streams that used it.
+        block.active = b->allocated || b->pending_events > 0;
+        segment.total_size += b->size;
+        segment.allocated_size += block.allocated ? b->size : 0;
+        segment.requested_size += block.requested_size;
+        segment.active_size += block.active ? b->size : 0;
+        segment.blocks.push_back(std::move(block));
       }
       out.push_back(std::move(segment));
     }
@@ -606,7 +615,7 @@ class CachingAllocator final : public c10::DeviceAllocator {
   }
   void resetPeakStats(c10::DeviceIndex device) override { cache(checked(device)).reset_peak(); }
 
-  std::vector<SegmentSnapshot> snapshot(c10::DeviceIndex device) {
+  std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot(c10::DeviceIndex device) {
     return cache(checked(device)).snapshot();
   }
 
@@ -671,7 +680,7 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 
 c10::Allocator* device_allocator() { return &caching_allocator(); }
 
-std::vector<SegmentSnapshot> memory_snapshot(int device) {
+std::vector<c10::CachingDeviceAllocator::SegmentInfo> memory_snapshot(int device) {
   return caching_allocator().snapshot(static_cast<c10::DeviceIndex>(device));
 }
 //> ch23 reuse-fence-api

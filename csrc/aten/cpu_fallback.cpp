@@ -274,6 +274,16 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 //< ch14 register-cpu-kernels-implicit
 
+//> ch14 register-cpu-kernels-device-check
+// The one found by the out= sweep: mode.values has only a generic kernel, and
+// it refuses every device but the CPU, CUDA and XPU ("mode only supports CPU,
+// CUDA and XPU device type, got: acme"), so torch.mode(x, out=...) failed where
+// torch.mode(x) ran. Through the fallback it runs the CPU's kernel.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&acme::cpu_fallback>());
+}
+//< ch14 register-cpu-kernels-device-check
+
 //> ch14 register-cpu-kernels-format
 // A third form of the trap, found by chapter 14's channels-last sweep: a
 // structured op's CompositeExplicitAutogradNonFunctional kernel allocates a

@@ -3,27 +3,17 @@
 // caching allocator and its bindings include it.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
+#include <c10/core/CachingDeviceAllocator.h>
+
 #include <vector>
 
 namespace acme {
 //> ch12 snapshot
-// What the caching allocator holds on a device, segment by segment
-// (caching_allocator.cpp): torch.acme.memory_snapshot() and the book's pictures.
-enum class BlockState { allocated, pending_free, free };
-struct BlockSnapshot {
-  uintptr_t address;
-  size_t size;
-  BlockState state;
-};
-struct SegmentSnapshot {
-  uintptr_t address;
-  size_t size;
-  bool small;        // from the small pool
-  int64_t stream;    // the stream its blocks serve (c10::StreamId)
-  std::vector<BlockSnapshot> blocks;
-};
-std::vector<SegmentSnapshot> memory_snapshot(int device);
+// What the caching allocator holds on a device, segment by segment, in c10's
+// own types (CUDA's and XPU's allocators fill the same ones), so the bindings
+// can give torch.acme.memory_snapshot() torch.cuda.memory_snapshot()'s keys
+// and PyTorch's tools read it. A segment's `stream` holds acme's stream id
+// (torch.Stream.stream_id), where CUDA records its cudaStream_t.
+std::vector<c10::CachingDeviceAllocator::SegmentInfo> memory_snapshot(int device);
 //< ch12 snapshot
 }  // namespace acme

@@ -288,11 +288,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   // The CPU fallback calls this for out= arguments: the result decides the
-  // shape, and a fresh (empty) out= tensor takes the result's layout as well,
-  // as the CPU kernel's own output would (e.g. a transposed input stays so).
-  const bool fresh = dst.numel() == 0;
+  // shape, and an out= tensor that has to be resized takes the result's
+  // strides as well, as the CPU kernel's own resize does (a column-major
+  // LAPACK result stays so); one of the right shape keeps its own.
+  const bool resized = dst.sizes() != self.sizes();
   dst.resize_(self.sizes());
-  if (fresh && self.is_non_overlapping_and_dense()) {
+  if (resized && self.is_non_overlapping_and_dense()) {
     dst.unsafeGetTensorImpl()->set_sizes_and_strides(self.sizes(), self.strides());
   }
   return copy_from(self, dst, false);

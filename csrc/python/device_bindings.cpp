@@ -50,19 +50,34 @@ void acme_bind_device(pybind11::module_& m) {
   m.def(
       "_memory_snapshot",
       [](int device) {
-        const char* states[] = {"active_allocated", "active_pending_free", "inactive"};
+        // torch.cuda.memory_snapshot()'s keys, so that PyTorch's tools
+        // (torch.cuda._memory_viz) read it; acme records no allocation stacks.
         pybind11::list segments;
-        for (const acme::SegmentSnapshot& s : acme::memory_snapshot(device)) {
+        for (const auto& s : acme::memory_snapshot(device)) {
           pybind11::list blocks;
-          for (const acme::BlockSnapshot& b : s.blocks)
-            blocks.append(pybind11::dict(pybind11::arg("address") = b.address,
-                                         pybind11::arg("size") = b.size,
-                                         pybind11::arg("state") = states[int(b.state)]));
+          size_t address = s.address;  // blocks tile their segment, in order
+          for (const auto& b : s.blocks) {
+            const char* state = b.allocated ? "active_allocated"
+                                : b.active  ? "active_pending_free"
+                                            : "inactive";
+            blocks.append(pybind11::dict(
+                pybind11::arg("address") = address, pybind11::arg("size") = b.size,
+                pybind11::arg("requested_size") = b.requested_size,
+                pybind11::arg("state") = state, pybind11::arg("frames") = pybind11::list()));
+            address += b.size;
+          }
           segments.append(pybind11::dict(
-              pybind11::arg("device") = device, pybind11::arg("address") = s.address,
-              pybind11::arg("total_size") = s.size,
-              pybind11::arg("segment_type") = s.small ? "small" : "large",
-              pybind11::arg("stream") = s.stream, pybind11::arg("blocks") = blocks));
+              pybind11::arg("device") = s.device, pybind11::arg("address") = s.address,
+              pybind11::arg("total_size") = s.total_size,
+              pybind11::arg("allocated_size") = s.allocated_size,
+              pybind11::arg("active_size") = s.active_size,
+              pybind11::arg("requested_size") = s.requested_size,
+              pybind11::arg("stream") = reinterpret_cast<intptr_t>(s.stream),
+              pybind11::arg("segment_type") = s.is_large ? "large" : "small",
+              pybind11::arg("segment_pool_id") = pybind11::make_tuple(
+                  s.owner_private_pool_id.first, s.owner_private_pool_id.second),
+              pybind11::arg("is_expandable") = s.is_expandable,
+              pybind11::arg("frames") = pybind11::list(), pybind11::arg("blocks") = blocks));
         }
         return segments;
       },

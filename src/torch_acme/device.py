@@ -471,9 +471,9 @@ def host_memory_stats() -> dict:
 
 
 def memory_snapshot(device=None) -> list:
-    """The allocator's segments on `device` and their blocks, in torch.cuda.memory_snapshot's
-    shape: dicts with address, total_size, segment_type, stream and blocks (address,
-    size, state)."""
+    """The allocator's segments on `device` and their blocks, with torch.cuda.memory_snapshot's
+    keys (no allocation stacks: `frames` is empty), so that PyTorch's
+    torch.cuda._memory_viz reads it. A segment's `stream` is acme's stream id."""
     return _C._memory_snapshot(_index_or_current(device))
 
 
