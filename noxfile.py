@@ -122,11 +122,9 @@ def conformance(session: nox.Session) -> None:
 # build and pass on; tools/versions.py lists all of them, oldest first.
 def compat_releases() -> list[str]:
     sys.path.insert(0, str(ROOT))
-    from tools.versions import RELEASES
+    from tools.versions import RELEASES, pinned_release
 
-    pinned = next(line.split("==")[1].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
-                  if line.startswith("torch=="))
-    return [r for r in RELEASES if r != pinned]
+    return [r for r in RELEASES if r != pinned_release()]
 
 
 @nox.session

@@ -235,8 +235,7 @@ def _distance(values, exact) -> float:
 
 
 def _device_error(error: Exception, sample, what: str = "") -> DeviceError:
-    first = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
-    return DeviceError(f"{type(error).__name__}: {first} ({what}the CPU ran {_describe(sample)})")
+    return DeviceError(f"{type(error).__name__}: {_first(error)} ({what}the CPU ran {_describe(sample)})")
 
 
 def _arguments(sample):
@@ -373,17 +372,21 @@ OUT_CASES = {
 }
 
 
+def _results(value) -> list:
+    """An op's result as a list: a tensor, or the members of a tuple."""
+    return [value] if isinstance(value, torch.Tensor) else list(value) if isinstance(value, tuple) else [None]
+
+
 def _out_shapes(expected) -> bool:
     """Whether a result can be asked for through out=: a tensor or a tuple of strided tensors."""
-    leaves = [expected] if isinstance(expected, torch.Tensor) else (
-        list(expected) if isinstance(expected, tuple) else [None])
+    leaves = _results(expected)
     return bool(leaves) and all(isinstance(t, torch.Tensor) and t.layout == torch.strided for t in leaves)
 
 
 def _out_run(op, sample, device, expected, shape) -> dict:
     """One run with out= tensors shaped by `shape`: what was raised, returned and warned."""
     single = isinstance(expected, torch.Tensor)
-    made = [torch.empty(shape(t), dtype=t.dtype, device=device) for t in ([expected] if single else expected)]
+    made = [torch.empty(shape(t), dtype=t.dtype, device=device) for t in _results(expected)]
     out = made[0] if single else tuple(made)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -391,7 +394,7 @@ def _out_run(op, sample, device, expected, shape) -> dict:
             _, returned = _run(op, sample, device, out=out)
         except Exception as e:
             return {"raised": type(e).__name__}
-    back = [returned] if single else list(returned) if isinstance(returned, tuple) else [returned]
+    back = _results(returned)
     return {"raised": None, "out": _to_cpu(out),
             "returned": len(back) == len(made) and all(b is m for b, m in zip(back, made)),
             "resized_warning": any("resized" in str(w.message) for w in caught)}
@@ -692,9 +695,8 @@ class TestConformance(TestCase):
                 # An output the CPU left at another shape than the result's is one the op
                 # does not write (native_batch_norm's saved statistics in eval mode): its
                 # memory is uninitialised on both devices.
-                results = [expected] if isinstance(expected, torch.Tensor) else list(expected)
-                outs = [(a, c) for a, c, r in zip(tree_flatten(acme["out"])[0], tree_flatten(cpu["out"])[0],
-                                                  results) if c.shape == r.shape]
+                outs = [(a, c) for a, c, r in zip(_results(acme["out"]), _results(cpu["out"]),
+                                                  _results(expected)) if c.shape == r.shape]
                 try:
                     self.assertEqual([a for a, _ in outs], [c for _, c in outs])
                 except AssertionError as e:
@@ -811,7 +813,7 @@ class TestConformance(TestCase):
                 try:
                     acme = _module_run(module_cls, module_input, device, dtype, training, channels_last)
                 except Exception as e:
-                    raise DeviceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]} "
+                    raise DeviceError(f"{type(e).__name__}: {_first(e)} "
                                       f"({module_input.desc or 'default'}, channels_last={channels_last})"
                                       ) from e
                 ran += 1

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import LAST, composites_where_the_cpu_has_a_kernel, run_in_stage
-from tools import conformance
+from tools import conformance, versions
 from torch_acme import _build_info
 
 pytestmark = pytest.mark.skipif(_build_info.STAGE < 14,
@@ -69,23 +69,18 @@ def test_quick_subset_covers_every_op_and_module(quick):
     assert {m.formatted_name for m in module_db} <= modules
 
 
-def _pinned_release() -> str:
-    requirements = (conformance.ROOT / "requirements.txt").read_text().splitlines()
-    return next(line.split("==")[1].strip() for line in requirements if line.startswith("torch=="))
-
-
 def test_the_published_whole_run_is_current_and_has_no_crash_or_silent_mismatch(quick):
     # The run the site and chapter 14 show where `nox -s conformance` has not
     # run (docs/_generated/, written by `tools/conformance.py --publish`).
     data = conformance.load(conformance.PUBLISHED)
     meta = data["meta"]
     assert not meta.get("quick") and not meta.get("select"), meta
-    assert meta["torch"].split("+")[0] == _pinned_release() and meta["stage"] == LAST, meta
+    assert meta["torch"].split("+")[0] == versions.pinned_release() and meta["stage"] == LAST, meta
     assert {r["kind"] for r in data["results"]} == set(conformance.KINDS)
     bad = [f"{r['status']}: {r['test']}: {r['reason'][:300]}" for r in data["results"]
            if r["status"] in ("crash", "mismatch", "harness", "xpass")]
     assert not bad, "\n".join(bad)
-    if torch.__version__.split("+")[0] == _pinned_release():
+    if torch.__version__.split("+")[0] == versions.pinned_release():
         # Every test the quick subset ran is in it: a new OpInfo, sweep or stage
         # asks for a new whole run.
         missing = sorted({r["test"] for r in quick.results} - {r["test"] for r in data["results"]})
@@ -288,7 +283,6 @@ def test_every_declared_gap_names_a_real_operator_test_and_dtype():
     from pathlib import Path
 
     from torch.testing._internal.common_methods_invocations import op_db
-    from tools import versions
     from tools.conformance_overrides import OVERRIDES
 
     names = {op.full_name for op in op_db}

@@ -62,9 +62,7 @@ def _empty() -> dict:
 
 
 def test_the_readme_and_the_index_page_name_the_release_the_book_pins():
-    pinned = next(line.split("==")[1].strip()
-                  for line in (versions.ROOT / "requirements.txt").read_text().splitlines()
-                  if line.startswith("torch=="))
+    pinned = versions.pinned_release()
     assert f"PyTorch {pinned}" in (versions.ROOT / "README.md").read_text()
     index = (versions.ROOT / "docs" / "index.md").read_text()
     assert f"**PyTorch {pinned}**" in index

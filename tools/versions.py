@@ -30,6 +30,12 @@ PAGE = GENERATED / "versions-changes.md"   # rendered from FACTS; docs/versions.
 
 # The releases the book has met, oldest first; the last is the book's.
 RELEASES = ["2.13.0", "2.14.1", "2.15.0"]
+
+
+def pinned_release() -> str:
+    """The release requirements.txt pins: the one every chapter runs on."""
+    lines = (ROOT / "requirements.txt").read_text().splitlines()
+    return next(line.split("==")[1].strip() for line in lines if line.startswith("torch=="))
 # Where each release's Python lives (python_for): ACME_TORCH_<release with
 # underscores> names one, else .nox/torch-<release> (nox -s compat), else the book's.
 BOOK_PYTHON = ROOT / ".nox" / "acme" / "bin" / "python"
