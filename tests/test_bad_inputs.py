@@ -25,6 +25,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
+from torch.torch_version import TorchVersion
 
 from conftest import CHAPTERS, LAST, stage_built, stage_path
 from tools import preforked
@@ -39,7 +41,7 @@ pytestmark = pytest.mark.skipif(
 TABLE = Path(__file__).with_name("bad_inputs.toml")
 ROWS = tomllib.loads(TABLE.read_text())["row"]
 FIELDS = {"id", "chapter", "topic", "title", "setup", "code", "error", "message", "demonstrates", "process",
-          "stage", "backend", "env", "prepare", "cpu_only_torch"}
+          "stage", "backend", "env", "prepare", "cpu_only_torch", "since_torch"}
 CHAPTER_NUMBERS = {c["number"] for c in CHAPTERS}
 TOPICS = ("devices", "memory", "ops", "custom-ops", "processes", "autocast", "compile",
           "distributed", "checkpoints", "stages")
@@ -99,7 +101,7 @@ def test_rows_are_well_formed():
         assert row.get("chapter") in CHAPTER_NUMBERS, (row["id"], row.get("chapter"))
         assert row.get("process", "this") in ("this", "fresh"), row["id"]
         if row.get("process", "this") == "this":
-            extra = {"stage", "backend", "env", "prepare", "cpu_only_torch"} & set(row)
+            extra = {"stage", "backend", "env", "prepare", "cpu_only_torch", "since_torch"} & set(row)
             assert not extra, f"{row['id']}: {extra} only apply to fresh-process rows"
         resolve(row["error"])  # names a real exception class
         assert issubclass(resolve(row["error"]), BaseException), row["id"]
@@ -177,6 +179,8 @@ def test_in_fresh_process(row, tmp_path):
     if row.get("cpu_only_torch") and compiled_accelerator() is not None:
         pytest.skip(f"this PyTorch is built with {compiled_accelerator()}: the row holds on a "
                     "CPU-only PyTorch")
+    if "since_torch" in row and TorchVersion(torch.__version__) < row["since_torch"]:
+        pytest.skip(f"the row holds from PyTorch {row['since_torch']}; this is {torch.__version__}")
     if "prepare" in row:
         prepared = run_fresh(preamble() + textwrap.dedent(row["prepare"]), fresh_env({}), tmp_path)
         assert prepared.returncode == 0, prepared.stderr

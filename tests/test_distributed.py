@@ -24,6 +24,8 @@ from tools.rendezvous import hosted_stores
 if LAST < 21:
     pytest.skip("the last stage predates chapter 21", allow_module_level=True)
 
+from torch_acme.distributed import _WHOLE_GROUP as WHOLE_GROUP  # noqa: E402  (PyTorch 2.13)
+
 WORKERS = Path(__file__).with_name("distributed_workers.py")
 DEVICE = "acme"
 
@@ -73,7 +75,7 @@ def test_every_collective_matches_the_cpu(tmp_path):
     # messages larger than the staging buffers, broadcast, all_gather (list and
     # tensor), reduce_scatter, all_to_all (even and uneven), send/recv,
     # reduce/gather/scatter, objects, async handles and futures, stream order,
-    # barrier, and CPU tensors through gloo in the same group.
+    # barrier.
     results = succeeded(run_ranks("collectives", tmp_path))
     for result in results:
         assert result["checks"] == 170  # how many cases ran; each compared itself
@@ -89,14 +91,41 @@ def test_three_ranks(tmp_path):
     assert [r["checks"] for r in results] == [170] * 3
 
 
-def test_each_way_to_init_gives_acme_and_gloo(tmp_path):
+def test_each_way_to_init_gives_acme_tensors_acme_and_gloo_when_asked(tmp_path):
     results = succeeded(run_ranks("init_forms", tmp_path))
+    both = f"cpu:gloo,{DEVICE}:{DEVICE}"
     for result in results:
-        assert set(result) == {"None", DEVICE, f"cpu:gloo,{DEVICE}:{DEVICE}"}
-        for form in result.values():
-            assert form["acme"] == DEVICE and form["cpu"] == "gloo"
-            assert form["sums"] == [[2.0, 2.0], [2.0, 2.0]]
-            assert form["default_for_device"] == DEVICE
+        assert set(result) == {"None", DEVICE, both}
+        for form, seen in result.items():
+            assert seen["acme"] == DEVICE and seen["default_for_device"] == DEVICE
+            assert seen["sums"][0] == [2.0, 2.0]
+            if form == both or WHOLE_GROUP:
+                assert seen["cpu"] == "gloo" and seen["sums"][1] == [2.0, 2.0]
+            else:  # as init_process_group() gives CUDA tensors NCCL and CPU tensors nothing
+                assert seen["cpu"] is None
+                assert seen["sums"][1] == "No backend type associated with device type cpu"
+
+
+def test_split_group_makes_a_child_in_the_order_asked(tmp_path):
+    results = succeeded(run_ranks("split", tmp_path))
+    assert [r["child_rank"] for r in results] == [1, 0]
+    for r in results:
+        assert r["broadcast"] == [1.0, 1.0]  # from global rank 1, the child's rank 0
+        assert r["sum"] == 3.0 and r["backend"] == DEVICE
+
+
+def test_debug_detail_wraps_acmes_backend(tmp_path):
+    results = succeeded(run_ranks("detail", tmp_path, TORCH_DISTRIBUTED_DEBUG="DETAIL"))
+    for r, result in enumerate(results):
+        if WHOLE_GROUP:  # PyTorch 2.13: c10d takes a whole group as it is
+            assert result["backend"] == "Backend"
+            assert result["message"].startswith("acme backend: all_reduce failed:")
+            continue
+        # c10d's wrapper compares the ranks' shapes over gloo first, and
+        # names both, before acme's own check would.
+        assert result["backend"] == "_ProcessGroupWrapper", result
+        assert result["error"] == "RuntimeError", result
+        assert "Detected mismatch between collectives on ranks" in result["message"]
 
 
 def test_ddp_equals_one_process_on_the_whole_batches(tmp_path):

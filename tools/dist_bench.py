@@ -44,7 +44,8 @@ def rank_main(rank: int, world: int, port: int, quick: bool) -> dict:
 
     device_name = torch_acme.DEVICE_NAME
     torch.accelerator.set_device_index(rank)
-    dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(f"cpu:gloo,{device_name}:{device_name}",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     dev = torch.device(device_name, rank)
     sync = {device_name: torch.accelerator.synchronize, "cpu": lambda: None}
 

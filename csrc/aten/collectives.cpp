@@ -194,6 +194,36 @@ class ProcessGroupAcme : public c10d::Backend {
   const std::string getBackendName() const override { return name(); }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
 
+//> ch21 split
+  // torch.distributed.split_group asks each backend of the parent group for
+  // a child over some of its ranks (parent ranks, in the child's order). A
+  // rank outside them gets no backend. The child joins a communicator of its
+  // own on first use, through its own store; NCCL's ncclCommSplit would reuse
+  // the parent's connections instead, which the runtime has no call for.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override {
+    const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+    if (me == ranks.end()) return nullptr;
+    // A clone: the child waits on its store while the parent may use its own.
+    return c10::make_intrusive<ProcessGroupAcme>(store->clone(), int(me - ranks.begin()),
+                                                 int(ranks.size()),
+                                                 opts ? opts->timeout : timeout_);
+  }
+  c10::intrusive_ptr<Options> getBackendOptions() override {
+    return c10::make_intrusive<Options>(name(), timeout_);
+  }
+//< ch21 split
+
+  // How many collectives this rank has queued in the group (sends and
+  // receives, between two ranks only, are not counted). c10d's
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL wrapper compares it across ranks with each
+  // collective's shapes. Every rank starts at 0, so there is nothing to set
+  // (2.13's default setter raises; from 2.14 it is a deprecated no-op).
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return collectives_; }
+
 //> ch21 all-reduce
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                           const c10d::AllreduceOptions& opts) override {
@@ -493,7 +523,8 @@ class ProcessGroupAcme : public c10d::Backend {
   void check(const at::Tensor& t, const char* what) {
     TORCH_CHECK_VALUE(t.device().type() == c10::DeviceType::PrivateUse1, name(), " backend: ",
                       what, " is on ", t.device(), "; this backend moves ", name(),
-                      " tensors (init_process_group() with no backend gives CPU tensors gloo)");
+                      " tensors (init_process_group(\"cpu:gloo,", name(), ":", name(),
+                      "\") gives CPU tensors gloo)");
     TORCH_CHECK_VALUE(t.layout() == at::kStrided && t.is_contiguous(), name(), " backend: ",
                       what, " must be a contiguous dense tensor");
     if (!device_) device_ = t.device();  // the first collective binds the rank to a device
@@ -540,6 +571,7 @@ class ProcessGroupAcme : public c10d::Backend {
                                        const std::function<void()>& then = {}) {
     c10::DeviceGuard guard(device);
     connect();
+    if (type != c10d::OpType::SEND && type != c10d::OpType::RECV) ++collectives_;
     const acmeStream_t stream = current_stream(device.index());
     const acmeError_t e = call(stream);
     if (e == acmeErrorCommFailure) raise(c10::str(what, " failed: ", Work::failure(comm_)));
@@ -558,6 +590,7 @@ class ProcessGroupAcme : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   acmeComm_t comm_ = nullptr;
   std::optional<c10::Device> device_;
+  uint64_t collectives_ = 0;
 };
 
 }  // namespace
