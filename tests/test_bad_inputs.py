@@ -44,7 +44,7 @@ FIELDS = {"id", "chapter", "topic", "title", "setup", "code", "error", "message"
           "stage", "backend", "env", "prepare", "cpu_only_torch", "since_torch"}
 CHAPTER_NUMBERS = {c["number"] for c in CHAPTERS}
 TOPICS = ("devices", "memory", "ops", "custom-ops", "processes", "autocast", "compile",
-          "distributed", "checkpoints", "stages")
+          "distributed", "checkpoints", "bring-up")
 REQUIRED_IN_ISSUE = {  # the rows the issue asks for, by id
     "device-index-tensor", "device-index-set-device", "cross-device-op", "out-of-memory",
     "host-touch-device-memory", "autocast-dtype", "rename-twice", "checkpoint-without-backend",

@@ -8,6 +8,7 @@ here is against eager acme and against the CPU, computed in the same test.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import subprocess
 import sys
@@ -405,3 +406,40 @@ def test_unsupported_wrappers_raise_naming_the_device():
                        match="acme: torch.compile with the C\\+\\+ wrapper"):
         torch.compile(lambda t: t + 1, options={"cpp_wrapper": True})(
             torch.ones(2, device="acme"))
+
+
+def test_acmes_own_dynamo_backend_gets_aten_graphs_and_keeps_acmes_kernels_whole():
+    from torch._dynamo.backends.registry import list_backends
+    from torch_acme import graph_backend
+
+    assert graph_backend.NAME in list_backends()
+    graph_backend.graphs.clear()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                                torch.nn.Linear(16, 2))
+    twin = copy.deepcopy(model).to("acme")
+    x = torch.rand(4, 8)
+    got = torch.compile(twin, backend=graph_backend.NAME)(x.to("acme"))
+    got.sum().backward()
+    want = model(x)
+    want.sum().backward()
+    torch.testing.assert_close(got.cpu(), want, **TOL)
+    for mine, theirs in zip(twin.parameters(), model.parameters()):
+        torch.testing.assert_close(mine.grad.cpu(), theirs.grad, **TOL)
+    forward, backward = graph_backend.graphs
+    assert (forward["kind"], backward["kind"]) == ("forward", "backward")
+    # Operators acme has kernels for reach the compiler whole; core ATen's
+    # table alone would split GELU's backward into erf, exp and arithmetic.
+    assert "aten.gelu_backward.default" in backward["ops"]
+    assert "aten.native_layer_norm_backward.default" in backward["ops"]
+    assert forward["no_kernel"] == backward["no_kernel"] == []
+    from torch._decomp import core_aten_decompositions
+    assert torch.ops.aten.gelu_backward.default in core_aten_decompositions()
+    assert torch.ops.aten.gelu_backward.default not in graph_backend.decompositions()
+    # An operator without an acme kernel is named (it takes the CPU fallback).
+    graph_backend.graphs.clear()
+    t = torch.rand(5, device="acme")
+    torch.testing.assert_close(torch.compile(lambda a: a.cumsum(0) * 2,
+                                             backend=graph_backend.NAME)(t).cpu(),
+                               t.cpu().cumsum(0) * 2)
+    assert graph_backend.graphs[0]["no_kernel"] == ["aten.cumsum.default"]

@@ -108,6 +108,11 @@ def test_each_way_to_init_gives_acme_tensors_acme_and_gloo_when_asked(tmp_path):
 
 def test_split_group_makes_a_child_in_the_order_asked(tmp_path):
     results = succeeded(run_ranks("split", tmp_path))
+    if WHOLE_GROUP:  # PyTorch 2.13 splits a group only if bound to a device
+        for r in results:
+            assert r["error"] == ("No device associated with the default pg, not safe to split "
+                                  "any process groups")
+        return
     assert [r["child_rank"] for r in results] == [1, 0]
     for r in results:
         assert r["broadcast"] == [1.0, 1.0]  # from global rank 1, the child's rank 0

@@ -4,6 +4,8 @@
     exception it raises (type and message fragment), and what it shows. Cards,
     not a table: three columns of code and messages do not fit a text column,
     let alone a phone (docs/_static/acme.css lets their code wrap).
+    With ``:index:``, a list before the cards: each message, what causes it
+    and the chapter that fixes it, linked to its card.
 
 The same file drives tests/test_bad_inputs.py, which runs every row; the
 page never restates a row by hand. A row whose topic no page renders is a
@@ -79,8 +81,18 @@ def input_text(row: dict) -> str:
     return "\n".join(lines)
 
 
+def index_entry(row: dict, chapter: dict, docname: str) -> nodes.Node:
+    """One line of the index: the message, linked to its card; the cause; the chapter."""
+    card = nodes.reference("", "", nodes.literal(text=row["message"]), refid=row["id"])
+    line = nodes.paragraph("", "", card, nodes.Text(f" ({row['error'].split('.')[-1]}): "
+                                                    f"{row['title']}. "))
+    line += chapter_link(chapter, docname).children
+    return nodes.list_item("", line)
+
+
 class ErrorsDirective(SphinxDirective):
     required_arguments = 1  # the topic
+    option_spec = {"index": lambda argument: True}
 
     def run(self):
         topic = self.arguments[0]
@@ -96,6 +108,9 @@ class ErrorsDirective(SphinxDirective):
 
         manifest = chapters()
         cards = []
+        if "index" in self.options:
+            cards.append(nodes.bullet_list("", *(
+                index_entry(r, manifest[r["chapter"]], self.env.docname) for r in chosen)))
         for row in chosen:
             code = input_text(row)
             card = nodes.container(classes=["acme-error-card"])

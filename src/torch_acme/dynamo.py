@@ -119,3 +119,6 @@ for _i in range(acme.device_count()):  # "acme:1" too, as Dynamo has "cuda:1"
 for _query in (acme.device_count, acme.is_available):
     torch.compiler.assume_constant_result(_query)
 #< ch20 constant-queries
+
+# acme's own Dynamo backend, for a vendor's graph compiler (graph_backend.py).
+from . import graph_backend  # noqa: E402,F401
