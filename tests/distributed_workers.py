@@ -266,6 +266,31 @@ def split(rank: int, world: int, port: int) -> dict:
             "sum": s.item(), "backend": child._get_backend(dev).name()}
 
 
+def overlap(rank: int, world: int, port: int) -> dict:
+    """The caller's stream goes on while a collective waits for a late rank,
+    and an input dropped at once stays untouched until the collective reads it."""
+    dev = init(rank, world, port)
+    dist.all_reduce(torch.ones(1, device=dev))  # the communicator is up
+    torch.accelerator.synchronize()
+    n = 1 << 16
+    out = torch.empty(world * n, device=dev)
+    result = {}
+    if rank == 1:
+        time.sleep(1.0)  # rank 0 queues its gather and computes meanwhile
+        dist.all_gather_into_tensor(out, torch.full((n,), 7.0, device=dev))
+    else:
+        inp = torch.full((n,), 5.0, device=dev)
+        work = dist.all_gather_into_tensor(out, inp, async_op=True)
+        del inp  # freed now; without recordStream the next block would be it
+        junk = torch.full((n,), -1.0, device=dev)
+        torch.accelerator.current_stream().synchronize()
+        result["compute_done_while_pending"] = not work.is_completed()
+        work.wait()
+        del junk
+    result["gathered"] = [out[:n].unique().tolist(), out[n:].unique().tolist()]
+    return result
+
+
 def detail(rank: int, world: int, port: int) -> dict:
     """Under TORCH_DISTRIBUTED_DEBUG=DETAIL (set by the test): c10d's wrapper
     checks every collective's shapes across ranks before acme's backend runs it."""
@@ -460,7 +485,7 @@ def wrong_device(rank: int, world: int, port: int) -> dict:
     return failure(lambda: dist.all_reduce(torch.ones(2, device=dev)))  # waits for rank 0
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, init_forms, split, detail, ddp, fsdp,
+SCENARIOS = {f.__name__: f for f in (collectives, init_forms, split, overlap, detail, ddp, fsdp,
                                       tensor_parallel, rank_exits, rank_hangs,
                                       sizes_differ, wrong_device)}
 

@@ -119,6 +119,15 @@ def test_split_group_makes_a_child_in_the_order_asked(tmp_path):
         assert r["sum"] == 3.0 and r["backend"] == DEVICE
 
 
+def test_a_collective_waits_on_its_own_stream_and_keeps_its_inputs(tmp_path):
+    rank0, rank1 = succeeded(run_ranks("overlap", tmp_path))
+    # Rank 1 came a second late; rank 0's compute stream had run its next op
+    # (and synchronized) while the gather was still waiting for it.
+    assert rank0["compute_done_while_pending"]
+    # The input rank 0 dropped at once was not overwritten by the next tensor.
+    assert rank0["gathered"] == rank1["gathered"] == [[5.0], [7.0]]
+
+
 def test_debug_detail_wraps_acmes_backend(tmp_path):
     results = succeeded(run_ranks("detail", tmp_path, TORCH_DISTRIBUTED_DEBUG="DETAIL"))
     for r, result in enumerate(results):

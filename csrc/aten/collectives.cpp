@@ -1,8 +1,10 @@
 //@ ch21
-// acme's c10d backend. Each collective is queued on the current stream of
-// its tensors' device (the stream order is the collective's order, as with
-// NCCL); its Work carries an event recorded after it and a Future that
-// completes on the stream, which is what DDP's reducer chains on. Work::wait()
+// acme's c10d backend. Each collective is queued on the group's
+// communication stream, after the work the caller's current stream has queued
+// (the stream order is the collective's order, as with NCCL), so the compute
+// stream goes on while a collective waits for the other ranks. Its Work
+// carries an event recorded after it and a Future that completes on that
+// stream, which is what DDP's reducer chains on. Work::wait()
 // also blocks the host until the collective has run, so a failure (a rank
 // gone, a timeout, ranks that disagree) is raised by the call that waits, as
 // a torch.distributed.DistBackendError.
@@ -11,6 +13,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <climits>
@@ -252,7 +257,8 @@ class ProcessGroupAcme : public c10d::Backend {
     const acmeReduceOp op = runtime_op(opts.reduceOp, t.scalar_type());
     const at::Tensor result = getRank() == opts.rootRank ? t : at::empty_like(t);
     return queue(c10d::OpType::REDUCE, "reduce", t.device(), {t},
-                 [&](acmeStream_t s) { return reduce_into(result, t, opts.reduceOp, op, s); });
+                 [&](acmeStream_t s) { return reduce_into(result, t, opts.reduceOp, op, s); },
+                 {}, {result});
   }
 
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -267,7 +273,8 @@ class ProcessGroupAcme : public c10d::Backend {
         [&](acmeStream_t s) { return gather_into(flat, in, s); },
         [&] {
           if (root) copy_out(flat, outputs[0]);
-        });
+        },
+        {in, flat});
   }
 
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
@@ -286,7 +293,8 @@ class ProcessGroupAcme : public c10d::Backend {
           const Elements e = moved(flat);
           return acmeBroadcast(flat.data_ptr(), e.count, e.type, int(opts.rootRank), comm_, s);
         },
-        [&] { out.copy_(flat.narrow(0, getRank() * out.numel(), out.numel()).view(out.sizes())); });
+        [&] { out.copy_(flat.narrow(0, getRank() * out.numel(), out.numel()).view(out.sizes())); },
+        {flat});
   }
 
   // dist.all_gather: gathers into one buffer, then copies out on the stream.
@@ -299,7 +307,8 @@ class ProcessGroupAcme : public c10d::Backend {
     return queue(
         c10d::OpType::ALLGATHER, "all_gather", in.device(), outputs[0],
         [&](acmeStream_t s) { return gather_into(flat, in, s); },
-        [&] { copy_out(flat, outputs[0]); });  // on the same stream, after the gather
+        [&] { copy_out(flat, outputs[0]); },  // on the same stream, after the gather
+        {in, flat});
   }
 
   // dist.all_gather_into_tensor
@@ -307,7 +316,7 @@ class ProcessGroupAcme : public c10d::Backend {
                                                 const c10d::AllgatherOptions&) override {
     check_gather(out, in);
     return queue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", in.device(), {out},
-                 [&](acmeStream_t s) { return gather_into(out, in, s); });
+                 [&](acmeStream_t s) { return gather_into(out, in, s); }, {}, {in});
   }
 
   // FSDP2's all-gathers and reduce-scatters, several tensors at once: one
@@ -323,7 +332,7 @@ class ProcessGroupAcme : public c10d::Backend {
                    for (size_t i = 0; i < ins.size(); ++i)
                      if (acmeError_t e = gather_into(outs[i], ins[i], s)) return e;
                    return acmeSuccess;
-                 });
+                 }, {}, ins);
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
@@ -341,7 +350,7 @@ class ProcessGroupAcme : public c10d::Backend {
                    for (size_t i = 0; i < ins.size(); ++i)
                      if (acmeError_t e = scatter_into(outs[i], ins[i], opts.reduceOp, s)) return e;
                    return acmeSuccess;
-                 });
+                 }, {}, ins);
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -370,7 +379,8 @@ class ProcessGroupAcme : public c10d::Backend {
     runtime_op(opts.reduceOp, in.scalar_type());  // refuses what cannot reduce, here
     reducible(in);
     return queue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", in.device(), {out},
-                 [&](acmeStream_t s) { return scatter_into(out, in, opts.reduceOp, s); });
+                 [&](acmeStream_t s) { return scatter_into(out, in, opts.reduceOp, s); }, {},
+                 {in});
   }
 
   // dist.all_to_all_single: rows of dim 0, split evenly or as the sizes say.
@@ -415,7 +425,7 @@ class ProcessGroupAcme : public c10d::Backend {
                    return acmeAllToAll(in.data_ptr(), send_counts.data(), send_offsets.data(),
                                        out.data_ptr(), recv_counts.data(), recv_offsets.data(),
                                        e.type, comm_, s);
-                 });
+                 }, {}, {in});
   }
 
   // Tags are not matched: a rank's sends to a peer pair with that peer's
@@ -561,17 +571,35 @@ class ProcessGroupAcme : public c10d::Backend {
   }
 
 //> ch21 queue
-  // Queues one collective on the current stream of `device`, and records the
-  // event its Work waits for.
-  // `then` queues what finishes the results (copies out of a staging buffer)
-  // before the event, so waiting for the Work covers it.
+  // Queues one collective on this group's communication stream, after what
+  // the caller's current stream has queued so far, and records the event its
+  // Work waits for. `uses` are the tensors it reads or writes besides the
+  // outputs (inputs, staging buffers): their memory is not reused before the
+  // communication stream is done with it. `then` queues what finishes the
+  // results (copies out of a staging buffer) before the event, so waiting for
+  // the Work covers it.
   template <class Call>
   c10::intrusive_ptr<c10d::Work> queue(c10d::OpType type, const char* what, c10::Device device,
                                        std::vector<at::Tensor> outputs, Call call,
-                                       const std::function<void()>& then = {}) {
+                                       const std::function<void()>& then = {},
+                                       const std::vector<at::Tensor>& uses = {}) {
     c10::DeviceGuard guard(device);
     connect();
     if (type != c10d::OpType::SEND && type != c10d::OpType::RECV) ++collectives_;
+    const c10::impl::VirtualGuardImpl impl(device.type());
+    const c10::Stream compute = impl.getStream(device);
+    if (!comm_stream_) comm_stream_ = impl.getStreamFromGlobalPool(device, true);
+    const c10::Stream comm = *comm_stream_;
+    c10::Event ready(device.type());
+    ready.record(compute);
+    ready.block(comm);  // the collective sees everything queued before it
+    for (const auto& list : {std::cref(outputs), std::cref(uses)})
+      for (const at::Tensor& t : list.get())
+        if (t.defined() && t.storage().data_ptr().get())
+          impl.recordDataPtrOnStream(t.storage().data_ptr(), comm);
+    // Temporaries the call and `then` allocate belong to the comm stream, and
+    // the Work's future completes there.
+    const c10::StreamGuard on_comm(comm);
     const acmeStream_t stream = current_stream(device.index());
     const acmeError_t e = call(stream);
     if (e == acmeErrorCommFailure) raise(c10::str(what, " failed: ", Work::failure(comm_)));
@@ -590,6 +618,7 @@ class ProcessGroupAcme : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   acmeComm_t comm_ = nullptr;
   std::optional<c10::Device> device_;
+  std::optional<c10::Stream> comm_stream_;  // where this group's collectives run
   uint64_t collectives_ = 0;
 };
 
