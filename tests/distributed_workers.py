@@ -23,7 +23,8 @@ import torch_acme  # noqa: E402
 DEVICE = torch_acme.DEVICE_NAME
 
 
-def init(rank: int, world: int, port: int, backend=None, seconds: float = 60) -> torch.device:
+def init(rank: int, world: int, port: int, backend=None, seconds: float = 60,
+         **options) -> torch.device:
     torch.accelerator.set_device_index(rank)
     # The store on `port` is hosted by the test (tools/rendezvous.py). From
     # PyTorch 2.14 a rank joins it as a client only if it is the agent's store,
@@ -31,7 +32,8 @@ def init(rank: int, world: int, port: int, backend=None, seconds: float = 60) ->
     # (EADDRINUSE). init_forms makes three groups, each on a store of its own.
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=seconds))
+                            world_size=world, timeout=datetime.timedelta(seconds=seconds),
+                            **options)
     return torch.device(DEVICE, rank)
 
 
@@ -253,11 +255,12 @@ def init_forms(rank: int, world: int, ports: list[int]) -> dict:
 
 def split(rank: int, world: int, port: int) -> dict:
     """split_group: a child group over the parent's ranks in another order."""
-    dev = init(rank, world, port)
+    # PyTorch 2.14 splits only a group bound to a device (2.15 also without)
+    dev = init(rank, world, port, device_id=torch.device(DEVICE, rank))
     try:
         child = dist.split_group(split_ranks=[list(reversed(range(world)))])
-    except RuntimeError as e:  # PyTorch 2.13: only a group bound to a device_id, which
-        return {"error": str(e)}  # the whole group acme's factory makes there is not
+    except RuntimeError as e:  # PyTorch 2.13: the whole group acme's factory makes
+        return {"error": str(e)}  # there keeps no device_id
     t = torch.full((2,), float(rank), device=dev)
     dist.broadcast(t, group=child, group_src=0)  # the child's rank 0: the last global rank
     s = torch.full((1,), float(rank + 1), device=dev)

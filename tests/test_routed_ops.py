@@ -412,6 +412,53 @@ def test_transformer_encoder_layer_matches_cpu():
 
 # ---- the Transformer's fast path ----
 
+FAST_PATH_MASKS = {"none": (None, None), "padding": ("padding", None), "causal": (None, "causal")}
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("mask", list(FAST_PATH_MASKS))
+def test_the_dense_fast_paths_run_on_acmes_kernels(mask, need_weights):
+    # nn.MultiheadAttention (self-attention) and TransformerEncoderLayer in
+    # eval mode without grad call _native_multi_head_attention and
+    # _transformer_encoder_layer_fwd on PrivateUse1 too: PyTorch's composites,
+    # registered for acme (nested.cpp), not the CPU fallback.
+    torch.manual_seed(19)
+    padding, attn = FAST_PATH_MASKS[mask]
+    x = torch.randn(3, 5, 8)
+    key_padding = (torch.arange(5) >= torch.tensor([5, 3, 2]).unsqueeze(1)) if padding else None
+    causal = nn.Transformer.generate_square_subsequent_mask(5) if attn else None
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).eval()
+
+    def run(device):
+        on = lambda t: None if t is None else t.to(device)  # noqa: E731
+        with torch.no_grad(), torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            m = copy.deepcopy(mha).to(device)
+            out, weights = m(on(x), on(x), on(x), key_padding_mask=on(key_padding),
+                             attn_mask=on(causal), need_weights=need_weights)
+            encoded = copy.deepcopy(layer).to(device)(on(x), src_mask=on(causal),
+                                                      src_key_padding_mask=on(key_padding))
+        events = prof.events()
+        fell_back = {e.name for e in events for c in e.cpu_children if c.name == "aten::_to_cpu"}
+        return (out, weights, encoded), {e.name for e in events}, fell_back
+
+    expected, cpu_names, _ = run("cpu")
+    actual, acme_names, fell_back = run(DEVICE)
+    for name in ("aten::_native_multi_head_attention", "aten::_transformer_encoder_layer_fwd"):
+        assert name in cpu_names and name in acme_names  # the fast path on both
+    # The CPU fallback moves its arguments with _to_cpu. Without a mask nothing
+    # takes it; a mask adds operators acme has no kernel for, on the attention
+    # scores and the mask (baddbmm: q.kT + mask). No operator that reads a weight.
+    on_scores = {"aten::_masked_softmax", "aten::masked_fill_", "aten::baddbmm"}
+    assert fell_back <= (on_scores if mask != "none" else set()), fell_back
+    for got, want in zip(actual, expected):
+        if want is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 ENCODERS = {
     "relu": dict(activation="relu", norm_first=False),
     "gelu": dict(activation="gelu", norm_first=False),

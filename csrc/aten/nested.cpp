@@ -13,12 +13,20 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/nested/NestedTensorUtils.h>
+#include <ATen/ops/_native_multi_head_attention_native.h>
 #include <ATen/ops/_transformer_encoder_layer_fwd.h>
+#include <ATen/ops/_transformer_encoder_layer_fwd_native.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/relu.h>
 #include <ATen/ops/stack.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
+
+#include <cmath>
+#include <tuple>
 
 namespace acme {
 namespace {
@@ -108,12 +116,51 @@ at::Tensor encoder_layer(const at::Tensor& src, int64_t embed_dim, int64_t num_h
 }
 //< ch13 nested-path
 
+//> ch13 dense-path
+// Two operators of the dense fast paths that PyTorch has CPU and CUDA kernels
+// for only, as compositions of operators acme runs. The split of a fused
+// q|k|v projection into heads, with its bias, q scaled by 1/sqrt(head_dim)
+// (as the CPU kernel does):
+std::tuple<at::Tensor, at::Tensor, at::Tensor> transform_bias_rescale_qkv(
+    const at::Tensor& qkv, const at::Tensor& qkv_bias, int64_t num_heads) {
+  TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * num_heads) == 0, kAcme,
+              ": _transform_bias_rescale_qkv takes (batch, tokens, 3 * heads * head_dim), got ",
+              qkv.sizes(), " for ", num_heads, " heads");
+  const int64_t batch = qkv.size(0), tokens = qkv.size(1);
+  const int64_t head_dim = qkv.size(2) / (3 * num_heads);
+  const at::Tensor parts = (qkv + qkv_bias)
+                               .view({batch, tokens, 3, num_heads, head_dim})
+                               .permute({2, 0, 3, 1, 4});
+  const double scale = 1.0 / std::sqrt(double(head_dim));
+  return {parts[0].mul(scale).contiguous(), parts[1].contiguous(), parts[2].contiguous()};
+}
+
+// A linear layer's product with its activation, as the CPU's kernel computes
+// it: addmm, then GELU (exact) or ReLU in place.
+at::Tensor addmm_activation(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
+                            const at::Scalar& beta, const at::Scalar& alpha, bool use_gelu) {
+  at::Tensor result = at::addmm(self, mat1, mat2, beta, alpha);
+  return use_gelu ? at::gelu_(result) : at::relu_(result);
+}
+//< ch13 dense-path
+
 }  // namespace
 }  // namespace acme
 
 //> ch13 register-nested-path
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_nested_tensor_from_mask", TORCH_FN(acme::nested_tensor_from_mask));
+  // The dense fast paths of nn.MultiheadAttention and TransformerEncoderLayer
+  // (eval mode, no grad). PyTorch's own functions for them are composites of
+  // dispatched ops, registered for the CPU and CUDA only: registered here too,
+  // their ops run on acme's kernels (without, the fallback copies the weights
+  // to the host at every call). The _cpu in the name is only where it lives.
+  m.impl("_native_multi_head_attention",
+         TORCH_FN(at::native::native_multi_head_attention_cpu));
+  m.impl("_transformer_encoder_layer_fwd",
+         TORCH_FN(at::native::transformer_encoder_layer_forward));
+  m.impl("_transform_bias_rescale_qkv", TORCH_FN(acme::transform_bias_rescale_qkv));
+  m.impl("_addmm_activation", TORCH_FN(acme::addmm_activation));
 }
 TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
   m.impl("to_padded_tensor", TORCH_FN(acme::to_padded_tensor));
