@@ -215,8 +215,8 @@ def collectives(rank: int, world: int, port: int) -> dict:
     fut = dist.all_reduce(value(rank, 4, torch.float32).to(dev), async_op=True).get_future()
     same(fut.wait()[0], expected(R.SUM, torch.float32, 4, world), "future value")
     checks.append("async")
-    # Stream order: the collective runs where the current stream is, after the
-    # work queued before it, even while that work is still running.
+    # Stream order: the collective runs after the work queued before it on the
+    # current stream, even while that work is still running.
     side = torch.Stream(device=dev)
     with side:
         torch.acme._sleep(200_000)  # keeps the stream busy 0.2 s
