@@ -40,8 +40,9 @@ pytestmark = pytest.mark.skipif(
 
 TABLE = Path(__file__).with_name("bad_inputs.toml")
 ROWS = tomllib.loads(TABLE.read_text())["row"]
-FIELDS = {"id", "chapter", "topic", "title", "setup", "code", "error", "message", "demonstrates", "process",
-          "stage", "backend", "env", "prepare", "cpu_only_torch", "since_torch"}
+FRESH_ONLY = {"stage", "backend", "env", "prepare", "cpu_only_torch", "since_torch"}
+FIELDS = {"id", "chapter", "topic", "title", "setup", "code", "error", "message", "demonstrates",
+          "process"} | FRESH_ONLY
 CHAPTER_NUMBERS = {c["number"] for c in CHAPTERS}
 TOPICS = ("devices", "memory", "ops", "custom-ops", "processes", "autocast", "compile",
           "distributed", "checkpoints", "bring-up")
@@ -101,7 +102,7 @@ def test_rows_are_well_formed():
         assert row.get("chapter") in CHAPTER_NUMBERS, (row["id"], row.get("chapter"))
         assert row.get("process", "this") in ("this", "fresh"), row["id"]
         if row.get("process", "this") == "this":
-            extra = {"stage", "backend", "env", "prepare", "cpu_only_torch", "since_torch"} & set(row)
+            extra = FRESH_ONLY & set(row)
             assert not extra, f"{row['id']}: {extra} only apply to fresh-process rows"
         resolve(row["error"])  # names a real exception class
         assert issubclass(resolve(row["error"]), BaseException), row["id"]
