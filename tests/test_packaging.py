@@ -196,10 +196,13 @@ with warnings.catch_warnings(record=True) as caught:  # a message from the C++ g
     warnings.simplefilter("always")
     torch.ones(2, device=name).abs()
 message = str(caught[0].message) if caught else ""
+gate, up = torch.randn(5), torch.randn(5)  # the stable-ABI library, under the device's name
+stable = torch.allclose(torch.ops.acme_stable.swiglu(gate.to(name), up.to(name)).cpu(),
+                        torch.nn.functional.silu(gate) * up)
 print(json.dumps({"loaded": loaded, "match": match, "losses": [device_loss, cpu_loss],
                   "module": hasattr(torch, name), "method": hasattr(torch.Tensor, name),
                   "ops": [hasattr(torch.ops.acme, op) for op in ("bias_gelu", "swiglu")],
-                  "message": message}))
+                  "message": message, "stable": stable}))
 """
 
 
@@ -234,6 +237,7 @@ def test_vendor_copies_installs_and_renames_the_final_stage(tmp_path):
         assert "[torch.backends]\ntorch_acme = torch_acme:_autoload" in entry_points
         assert any(re.fullmatch(r"torch_acme/_C\..*\.so", n) for n in names), names
         assert "torch_acme/libacme_runtime.so" in names
+        assert "torch_acme/libacme_stable.so" in names  # the stable-ABI kernels
         assert not [n for n in names if n.startswith("torch_acme.libs/")], names  # nothing grafted
         for name in names:
             data = archive.read(name)
@@ -244,6 +248,7 @@ def test_vendor_copies_installs_and_renames_the_final_stage(tmp_path):
     run([python, "-m", "pip", "install", "--no-index", str(wheel)], timeout=600, env=vendor_env())
     trained = train(python, "acme")
     assert trained["loaded"] and trained["match"] and trained["module"] and trained["method"], trained
+    assert trained["stable"], trained
 
     # TORCH_DEVICE_BACKEND_AUTOLOAD=0 keeps `import torch` from loading it; and
     # importing the backend first (which imports torch, which autoloads the
@@ -265,5 +270,6 @@ def test_vendor_copies_installs_and_renames_the_final_stage(tmp_path):
         timeout=600, env=vendor_env())
     renamed = train(python, "npu")
     assert renamed["loaded"] and renamed["match"] and renamed["module"] and renamed["method"], renamed
+    assert renamed["stable"], renamed
     assert renamed["message"].startswith("npu: aten::abs has no npu kernel"), renamed["message"]
     assert renamed["ops"] == [True, True], renamed  # the product's namespace, not the device's

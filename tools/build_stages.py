@@ -149,6 +149,7 @@ def plan_stage(graph: Graph, stage_dir: Path, pkg: Path, torch_libs: str) -> Non
     runtime = sorted((csrc / "runtime").glob("*.cpp"))
     glue = sorted((csrc / "aten").glob("*.cpp"))
     python = sorted((csrc / "python").glob("*.cpp"))
+    stable = sorted((csrc / "stable").glob("*.cpp"))  # chapter 17: the stable ABI
 
     runtime_objs = [graph.object_for(stage_dir, s, "cxx_runtime") for s in runtime]
     ext_objs = [graph.object_for(stage_dir, s, "cxx_kineto" if KINETO_RE.search(s.read_text())
@@ -165,6 +166,13 @@ def plan_stage(graph: Graph, stage_dir: Path, pkg: Path, torch_libs: str) -> Non
         f"  libdir = {pkg}\n  torch_libs = {torch_libs}"
     )
     graph.all_targets += [str(lib), str(ext)]
+    if stable:
+        objs = [graph.object_for(stage_dir, s, "cxx_stable") for s in stable]
+        library = pkg / "libacme_stable.so"
+        shim = " ".join([f for f in torch_libs.split() if f.startswith("-L")] + ["-ltorch_cpu"])
+        graph.links.append(f"build {library}: link_stable {' '.join(map(str, objs))} | {lib}\n"
+                           f"  libdir = {pkg}\n  stable_libs = {shim}")
+        graph.all_targets.append(str(library))
 
 
 # A stand-in third-party library (chapter 15): its own package, linked against
@@ -196,10 +204,12 @@ def write_ninja(graph: Graph, flags: dict[str, list[str]], sanitize: bool = Fals
     # -MD, not -MMD: the depfile lists the system headers too (torch's come in
     # with -isystem), so reinstalling PyTorch in the environment rebuilds every
     # object and precompiled header that read its headers.
-    for rule in ("runtime", "torch", "kineto", "python"):
+    for rule in ("runtime", "torch", "kineto", "python", "stable"):
+        # __FILE__ is part of the stable ABI checks' messages: csrc/..., as in CMake's build.
+        relative = " -ffile-prefix-map=$csrc/=csrc/" if rule == "stable" else ""
         lines += [
             f"rule cxx_{rule}",
-            f"  command = $cxx $base -I$csrc ${rule}_flags $pch -MD -MF $out.d -c $in -o $out",
+            f"  command = $cxx $base -I$csrc ${rule}_flags{relative} $pch -MD -MF $out.d -c $in -o $out",
             "  depfile = $out.d",
             "  deps = gcc",
             f"  description = CXX ({rule}) $in",
@@ -212,6 +222,12 @@ def write_ninja(graph: Graph, flags: dict[str, list[str]], sanitize: bool = Fals
         "",
         "rule link_plugin",
         "  command = g++ -shared $ldflags -o $out $in $torch_libs",
+        "  description = LINK $out",
+        "",
+        # The stable-ABI kernels link the C shim's library (libtorch_cpu) alone.
+        "rule link_stable",
+        "  command = g++ -shared $ldflags -o $out $in -L$libdir -lacme_runtime $stable_libs"
+        " '-Wl,-rpath,$$ORIGIN'",
         "  description = LINK $out",
         "",
         "rule link_ext",
@@ -324,6 +340,7 @@ def build(upto: int | None, out: Path, kernels: bool, jobs: int, sanitize: bool 
         "kineto": glue + [f"-isystem{Path(torch_inc[0].removeprefix('-isystem')) / 'kineto'}"],
         # pybind11 ships inside torch's include dir
         "python": torch_inc + [f"-isystem{sysconfig.get_paths()['include']}"],
+        "stable": [i for i in torch_inc if i.startswith("-isystem")],
     }
     graph = Graph(out)
     stage_dirs = []

@@ -19,6 +19,7 @@ LAYERS = [
     ("csrc/runtime/", "the vendor runtime: a plain C API, no PyTorch anywhere"),
     ("csrc/aten/", "the torch glue, one capability per file"),
     ("csrc/python/", "the Python bindings of the glue and the runtime"),
+    ("csrc/stable/", "kernels against PyTorch's stable ABI, one library for every release"),
     ("src/torch_acme/", "the Python package users import"),
     ("build_support/", "build-time helpers (the torch pin in the wheel's metadata)"),
 ]

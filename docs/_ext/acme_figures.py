@@ -23,7 +23,7 @@ FIGURES = BUILD / "figures"
 
 # Layers, lowest first, by where their files live in a stage snapshot.
 LAYERS = [("vendor runtime", ("csrc/runtime/",)),
-          ("torch glue", ("csrc/aten/",)),
+          ("torch glue", ("csrc/aten/", "csrc/stable/")),
           ("Python face", ("csrc/python/", "src/torch_acme/"))]
 COLOURS = ["#4c72b0", "#dd8452", "#55a868"]
 PYTORCH = "PyTorch"

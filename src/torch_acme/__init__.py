@@ -85,6 +85,13 @@ from . import ops
 # acme tensors through torch.multiprocessing: registers the reducers.
 from . import multiprocessing
 #< ch16 register-multiprocessing
+#> ch17 load-stable
+# Kernels built against PyTorch's stable ABI (csrc/stable): one library for
+# every release from 2.13 on, registering torch.ops.acme_stable.
+import os as _os
+
+torch.ops.load_library(_os.path.join(_os.path.dirname(__file__), "libacme_stable.so"))
+#< ch17 load-stable
 #> ch20 compiler
 # torch.compile: Dynamo and Inductor learn about acme when they load.
 from . import compiler_hooks
