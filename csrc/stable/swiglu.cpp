@@ -1,7 +1,7 @@
 //@ ch17
 // acme_stable::swiglu(gate, up) = silu(gate) * up against PyTorch's stable ABI
 // (torch/csrc/stable, chapter 17). This file reaches libtorch only through its
-// C shim, whose functions stay once released, so the library it builds loads
+// C shim, which PyTorch keeps binary-compatible, so the library it builds loads
 // in every PyTorch from the release it targets on, while _C serves the one
 // release it was compiled against. What cannot live here: the glue, which
 // subclasses c10's C++ classes (allocator, guard, hooks, generator).
