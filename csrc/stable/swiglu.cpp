@@ -48,6 +48,11 @@ void check_arguments(const Tensor& gate, const Tensor& up) {
   STD_TORCH_CHECK(same_shape, "acme_stable::swiglu: gate and up must have the same shape");
 }
 
+// The arithmetic, over n contiguous elements wherever the kernel runs.
+void swiglu_elements(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
 //> ch18 stable-launch
 // The kernel's arguments: device views, owned by the launch until it ran.
 struct SwigluArgs {
@@ -59,7 +64,7 @@ struct SwigluArgs {
 
 int swiglu_kernel(void* p, char*, size_t) {
   const auto* a = static_cast<const SwigluArgs*>(p);
-  for (int64_t i = 0; i < a->n; ++i) a->out[i] = a->gate[i] / (1.0f + std::exp(-a->gate[i])) * a->up[i];
+  swiglu_elements(a->gate, a->up, a->out, a->n);
   return 0;
 }
 
@@ -72,10 +77,7 @@ Tensor swiglu(Tensor gate, Tensor up) {
   const int64_t n = g.numel();
   if (n == 0) return out;
 //> ch17 stable-host-loop < ch18 stable-launch-call
-//   const float* gv = device_view(g);
-//   const float* uv = device_view(u);
-//   float* ov = device_view(out);
-//   for (int64_t i = 0; i < n; ++i) ov[i] = gv[i] / (1.0f + std::exp(-gv[i])) * uv[i];
+//   swiglu_elements(device_view(g), device_view(u), device_view(out), n);
 //< ch17 stable-host-loop
 //> ch18 stable-launch-call
   // Queued on the stream PyTorch calls current (chapter 18), as a CUDA kernel
